@@ -1,0 +1,74 @@
+"""Edges sorted into CSR by receiver, with the transpose (by sender) for the backward pass.
+
+Computed once per structure and shared by every convolution layer (``graph=``), so the sort is
+never redone per layer.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class EdgeGraph:
+    """Both CSR views of one edge list; every permutation holds original edge ids."""
+
+    num_nodes: int
+    num_edges: int
+    perm: torch.Tensor  # edge ids ordered by receiver (edge_dst), stable
+    rowptr: torch.Tensor  # (num_nodes + 1,): edges perm[rowptr[n]:rowptr[n+1]] arrive at node n
+    transpose_perm: torch.Tensor  # edge ids ordered by sender (edge_src), stable
+    transpose_rowptr: torch.Tensor  # (num_nodes + 1,): edges leaving node n
+
+    def matches(self, edge_dst: torch.Tensor, num_nodes: int) -> bool:
+        return self.num_edges == edge_dst.shape[0] and self.num_nodes == num_nodes
+
+    def to(self, device) -> "EdgeGraph":
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling() if hasattr(torch, "compiler") else False
+
+
+def check_edge_index(name: str, index: torch.Tensor, num_nodes: int, device=None) -> None:
+    """Raise a ValueError naming ``name`` unless it is a 1-D int64/int32 tensor of ids in [0, num_nodes)."""
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
+    if index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an integer tensor (int64 or int32), got {index.dtype}")
+    if index.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (one entry per edge), got shape {tuple(index.shape)}")
+    if device is not None and index.device != torch.device(device):
+        raise ValueError(f"{name} is on {index.device} but the node features are on {device}")
+    if index.numel() and not _compiling():
+        lo, hi = int(index.min()), int(index.max())
+        if lo < 0:
+            raise ValueError(f"{name} has a negative index ({lo})")
+        if hi >= num_nodes:
+            raise ValueError(f"{name} has index {hi} out of range for {num_nodes} nodes")
+
+
+def _csr(keys: torch.Tensor, num_nodes: int):
+    perm = torch.sort(keys, stable=True).indices
+    bounds = torch.arange(num_nodes + 1, device=keys.device, dtype=keys.dtype)
+    rowptr = torch.searchsorted(keys[perm].contiguous(), bounds)
+    return perm, rowptr
+
+
+def sort_edges(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> EdgeGraph:
+    """Sort edges by receiver into CSR, with the transpose permutation for the backward pass."""
+    if not isinstance(num_nodes, int) or num_nodes < 0:
+        raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
+    check_edge_index("edge_dst", edge_dst, num_nodes)
+    check_edge_index("edge_src", edge_src, num_nodes, device=edge_dst.device)
+    if edge_dst.shape != edge_src.shape:
+        raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
+    edge_dst, edge_src = edge_dst.long(), edge_src.long()
+    perm, rowptr = _csr(edge_dst, num_nodes)
+    tperm, trowptr = _csr(edge_src, num_nodes)
+    return EdgeGraph(num_nodes=num_nodes, num_edges=int(edge_dst.shape[0]), perm=perm, rowptr=rowptr,
+                     transpose_perm=tperm, transpose_rowptr=trowptr)

@@ -1,0 +1,156 @@
+"""User-facing modules: drop-in replacements for e3nn's TensorProduct and its scatter-sum convolution."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..graph import EdgeGraph, check_edge_index, sort_edges
+from ..ops import backends
+from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
+from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
+from .validation import check_tensor, check_weights
+
+
+class _TPBase(nn.Module):
+    """Holds the problem description, the backend choice and (optionally) internal weights."""
+
+    def __init__(self, irreps_in1, irreps_in2, irreps_out, instructions, shared_weights=False,
+                 internal_weights=False, irrep_normalization=None, path_normalization=None, in1_var=None,
+                 in2_var=None, out_var=None, backend="auto"):
+        super().__init__()
+        e3 = build_e3nn_tp(irreps_in1, irreps_in2, irreps_out, instructions, shared_weights=shared_weights,
+                           internal_weights=internal_weights, irrep_normalization=irrep_normalization,
+                           path_normalization=path_normalization, in1_var=in1_var, in2_var=in2_var,
+                           out_var=out_var)
+        self._setup(from_e3nn(e3), backend, getattr(e3, "weight", None) if internal_weights else None)
+
+    @classmethod
+    def from_e3nn(cls, e3nn_tp, backend: str = "auto", **kwargs):
+        """Same tensor product (normalisation, weight layout, internal weights) as ``e3nn_tp``."""
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        internal = getattr(e3nn_tp, "internal_weights", False) and e3nn_tp.weight_numel > 0
+        self._setup(from_e3nn(e3nn_tp), backend, e3nn_tp.weight if internal else None, **kwargs)
+        return self
+
+    def _setup(self, problem: TPProblem, backend: str, internal_weight=None, **_):
+        self.problem = problem
+        self.backend = backends.check_backend_name(backend)
+        self.problem_key = register_problem(problem)
+        if internal_weight is not None:
+            self.weight = nn.Parameter(internal_weight.detach().clone().reshape(-1))
+        else:
+            self.weight = None
+        self.internal_weights = internal_weight is not None
+        self.shared_weights = problem.shared_weights
+        self.weight_numel = problem.weight_numel
+
+    def __setstate__(self, state):  # unpickled models re-register their problem in this process
+        super().__setstate__(state)
+        self.problem_key = register_problem(self.problem)
+
+    # e3nn-compatible descriptive attributes
+    @property
+    def irreps_in1(self):
+        from ..problem.e3nn_compat import o3
+        return o3().Irreps(irreps_str(self.problem.irreps_in1))
+
+    @property
+    def irreps_in2(self):
+        from ..problem.e3nn_compat import o3
+        return o3().Irreps(irreps_str(self.problem.irreps_in2))
+
+    @property
+    def irreps_out(self):
+        from ..problem.e3nn_compat import o3
+        return o3().Irreps(irreps_str(self.problem.irreps_out))
+
+    def extra_repr(self) -> str:
+        return f"{self.problem.describe()}, backend={self.backend!r}"
+
+    def _weight(self, weight, x):
+        if weight is None:
+            if self.weight is not None:
+                return self.weight
+            if self.weight_numel == 0:
+                return x.new_zeros(0 if self.shared_weights else (x.shape[0], 0))
+            raise ValueError("weight is required: this tensor product has no internal weights")
+        if self.internal_weights:
+            raise ValueError("weight was given but this tensor product has internal weights")
+        return weight
+
+    def _check_inputs(self, x, y, w, rows: int, rows_name: str, y_name: str = "y"):
+        p = self.problem
+        check_tensor("x", x, dim=p.dim_in1, width=f"irreps_in1={irreps_str(p.irreps_in1)}")
+        check_tensor(y_name, y, dim=p.dim_in2, width=f"irreps_in2={irreps_str(p.irreps_in2)}",
+                     dtype=x.dtype, device=x.device, rows=rows, rows_name=rows_name)
+        check_weights(p, w, rows=rows, rows_name=rows_name, dtype=x.dtype, device=x.device)
+
+
+class TensorProduct(_TPBase):
+    """``tp(x, y, w)`` equal to e3nn's ``o3.TensorProduct(...)(x, y, w)`` for 2-D (batch, dim) inputs."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        w = self._weight(weight, x)
+        if not torch.compiler.is_compiling():
+            check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}")
+            self._check_inputs(x, y, w, rows=x.shape[0], rows_name="x.shape[0]")
+        backend = backends.resolve(self.backend, x.device)
+        return torch.ops.mlip_accel.tp_forward(x, y, w, self.problem_key, backend)
+
+
+class TensorProductConv(_TPBase):
+    """Fused tensor product + scatter-sum over edges.
+
+    ``conv(x, y, w, edge_dst, edge_src, graph=None)`` equals
+    ``scatter_sum(e3nn_tp(x[edge_src], y, w), edge_dst, dim_size=x.shape[0])`` without materialising the
+    per-edge messages. ``deterministic=True`` uses edges sorted into CSR (``graph=sort_edges(...)``, made
+    here when not given) so results are bitwise reproducible; ``False`` accumulates atomically, no sort.
+    """
+
+    def _setup(self, problem, backend, internal_weight=None, deterministic: bool = True, **_):
+        super()._setup(problem, backend, internal_weight)
+        self.deterministic = bool(deterministic)
+
+    def __init__(self, *args, deterministic: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.deterministic = bool(deterministic)
+
+    @classmethod
+    def from_e3nn(cls, e3nn_tp, backend: str = "auto", deterministic: bool = True):
+        return super().from_e3nn(e3nn_tp, backend=backend, deterministic=deterministic)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", deterministic={self.deterministic}"
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, edge_dst: torch.Tensor,
+                edge_src: torch.Tensor, graph: EdgeGraph | None = None) -> torch.Tensor:
+        w = self._weight(weight, y)
+        num_nodes = x.shape[0]
+        if not torch.compiler.is_compiling():
+            check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}",
+                         rows_name="num_nodes")
+            self._check_inputs(x, y, w, rows=edge_dst.shape[0] if isinstance(edge_dst, torch.Tensor) else -1,
+                               rows_name="num_edges")
+            if graph is None or not self.deterministic:
+                check_edge_index("edge_dst", edge_dst, num_nodes, device=x.device)
+                check_edge_index("edge_src", edge_src, num_nodes, device=x.device)
+                if edge_src.shape != edge_dst.shape:
+                    raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
+            else:
+                if not isinstance(graph, EdgeGraph):
+                    raise TypeError(f"graph must come from mlip_accel.sort_edges, got {type(graph).__name__}")
+                if not graph.matches(edge_dst, num_nodes):
+                    raise ValueError(f"graph was sorted for {graph.num_edges} edges and {graph.num_nodes} nodes, "
+                                     f"not these {edge_dst.shape[0]} edges and {num_nodes} nodes")
+                if graph.perm.device != x.device:
+                    raise ValueError(f"graph is on {graph.perm.device} but x is on {x.device}")
+        if self.deterministic:
+            if graph is None:
+                graph = sort_edges(edge_dst, edge_src, num_nodes)
+            g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr)
+        else:
+            g = (None, None, None, None)
+        backend = backends.resolve(self.backend, x.device)
+        return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
+                                                 self.problem_key, backend)

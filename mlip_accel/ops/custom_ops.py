@@ -1,0 +1,200 @@
+"""torch.library custom ops ``mlip_accel::*`` with autograd to second order.
+
+Forward and backward run a backend (ops/backends.py). The double backward is not a kernel of its own:
+because the tensor product is linear in each of x, y and w, the derivatives of the backward's outputs
+are sums of forward and backward calls with one operand replaced by its incoming gradient (the identity
+of the sparse-kernel-generator paper). It holds unchanged for the fused convolution, which is why one
+helper, :func:`_double_backward`, serves both.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..graph import EdgeGraph
+from ..problem import get_problem
+from . import backends
+
+NS = "mlip_accel"
+
+
+def _add(acc: Optional[Tensor], t: Optional[Tensor]) -> Optional[Tensor]:
+    if t is None:
+        return acc
+    return t if acc is None else acc + t
+
+
+def _double_backward(fwd: Callable, bwd: Callable, x, y, w, grad_z, ggx, ggy, ggw):
+    """Gradients (x, y, w, grad_z) of <ggx, gx> + <ggy, gy> + <ggw, gw> where (gx, gy, gw) = bwd(x, y, w, grad_z)."""
+    dx = dy = dw = dgz = None
+    if ggx is not None:
+        dgz = _add(dgz, fwd(ggx, y, w))
+        _, a_y, a_w = bwd(ggx, y, w, grad_z, (False, True, True))
+        dy, dw = _add(dy, a_y), _add(dw, a_w)
+    if ggy is not None:
+        dgz = _add(dgz, fwd(x, ggy, w))
+        b_x, _, b_w = bwd(x, ggy, w, grad_z, (True, False, True))
+        dx, dw = _add(dx, b_x), _add(dw, b_w)
+    if ggw is not None:
+        dgz = _add(dgz, fwd(x, y, ggw))
+        c_x, c_y, _ = bwd(x, y, ggw, grad_z, (True, True, False))
+        dx, dy = _add(dx, c_x), _add(dy, c_y)
+    fill = lambda t, like: torch.zeros_like(like) if t is None else t  # noqa: E731
+    return fill(dx, x), fill(dy, y), fill(dw, w), fill(dgz, grad_z)
+
+
+def _contig(*ts):
+    return [t if t is None or t.is_contiguous() else t.contiguous() for t in ts]
+
+
+# --- batched tensor product ----------------------------------------------------------------------
+
+def _tp_kernels(problem: str, backend: str):
+    be, p = backends.get(backend), get_problem(problem)
+    fwd = lambda a, b, c: be.tp_forward(p, *_contig(a, b, c))  # noqa: E731
+    bwd = lambda a, b, c, g, need: be.tp_backward(p, *_contig(a, b, c, g), need)  # noqa: E731
+    return fwd, bwd
+
+
+@torch.library.custom_op(f"{NS}::tp_forward", mutates_args=())
+def tp_forward(x: Tensor, y: Tensor, w: Tensor, problem: str, backend: str) -> Tensor:
+    return _tp_kernels(problem, backend)[0](x, y, w)
+
+
+@torch.library.custom_op(f"{NS}::tp_backward", mutates_args=())
+def tp_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, problem: str,
+                backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    return tuple(_tp_kernels(problem, backend)[1](x, y, w, grad_z, (True, True, True)))
+
+
+@torch.library.custom_op(f"{NS}::tp_double_backward", mutates_args=())
+def tp_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: Optional[Tensor],
+                       ggy: Optional[Tensor], ggw: Optional[Tensor], problem: str,
+                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    fwd, bwd = _tp_kernels(problem, backend)
+    return _double_backward(fwd, bwd, x, y, w, grad_z, ggx, ggy, ggw)
+
+
+@tp_forward.register_fake
+def _(x, y, w, problem, backend):
+    return x.new_empty(x.shape[0], get_problem(problem).dim_out)
+
+
+@tp_backward.register_fake
+def _(x, y, w, grad_z, problem, backend):
+    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w)
+
+
+@tp_double_backward.register_fake
+def _(x, y, w, grad_z, ggx, ggy, ggw, problem, backend):
+    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w), torch.empty_like(grad_z)
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.args = inputs[4:]
+
+
+def _tp_forward_bwd(ctx, grad_z):
+    x, y, w = ctx.saved_tensors[:3]
+    gx, gy, gw = tp_backward(x, y, w, grad_z.contiguous(), *ctx.args)
+    return gx, gy, gw, None, None
+
+
+def _tp_backward_bwd(ctx, ggx, ggy, ggw):
+    x, y, w, grad_z = ctx.saved_tensors
+    return (*tp_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.args), None, None)
+
+
+tp_forward.register_autograd(_tp_forward_bwd, setup_context=_save_inputs)
+tp_backward.register_autograd(_tp_backward_bwd, setup_context=_save_inputs)
+
+
+# --- fused convolution ----------------------------------------------------------------------------
+# Graph tensors (perm, rowptr, transpose_perm, transpose_rowptr) are all given (deterministic) or all
+# None (atomic: no sort needed).
+
+def _graph(x, edge_dst, perm, rowptr, tperm, trowptr) -> Optional[EdgeGraph]:
+    if perm is None:
+        return None
+    return EdgeGraph(num_nodes=x.shape[0], num_edges=edge_dst.shape[0], perm=perm, rowptr=rowptr,
+                     transpose_perm=tperm, transpose_rowptr=trowptr)
+
+
+def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str):
+    be, p = backends.get(backend), get_problem(problem)
+    g = _graph(x, edge_dst, perm, rowptr, tperm, trowptr)
+    fwd = lambda a, b, c: be.conv_forward(p, *_contig(a, b, c), edge_dst, edge_src, g)  # noqa: E731
+    bwd = lambda a, b, c, gz, need: be.conv_backward(  # noqa: E731
+        p, *_contig(a, b, c, gz), edge_dst, edge_src, g, need)
+    return fwd, bwd
+
+
+@torch.library.custom_op(f"{NS}::conv_forward", mutates_args=())
+def conv_forward(x: Tensor, y: Tensor, w: Tensor, edge_dst: Tensor, edge_src: Tensor,
+                 perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
+                 trowptr: Optional[Tensor], problem: str, backend: str) -> Tensor:
+    return _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)[0](x, y, w)
+
+
+@torch.library.custom_op(f"{NS}::conv_backward", mutates_args=())
+def conv_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, edge_dst: Tensor, edge_src: Tensor,
+                  perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
+                  trowptr: Optional[Tensor], problem: str, backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    bwd = _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)[1]
+    return tuple(bwd(x, y, w, grad_z, (True, True, True)))
+
+
+@torch.library.custom_op(f"{NS}::conv_double_backward", mutates_args=())
+def conv_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: Optional[Tensor],
+                         ggy: Optional[Tensor], ggw: Optional[Tensor], edge_dst: Tensor, edge_src: Tensor,
+                         perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
+                         trowptr: Optional[Tensor], problem: str,
+                         backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    fwd, bwd = _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)
+    return _double_backward(fwd, bwd, x, y, w, grad_z, ggx, ggy, ggw)
+
+
+@conv_forward.register_fake
+def _(x, y, w, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+    return x.new_empty(x.shape[0], get_problem(problem).dim_out)
+
+
+@conv_backward.register_fake
+def _(x, y, w, grad_z, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w)
+
+
+@conv_double_backward.register_fake
+def _(x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w), torch.empty_like(grad_z)
+
+
+def _conv_save(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.graph = inputs[3:9]
+    ctx.args = inputs[9:]
+
+
+def _conv_save_bwd(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:4])
+    ctx.graph = inputs[4:10]
+    ctx.args = inputs[10:]
+
+
+def _conv_forward_bwd(ctx, grad_z):
+    x, y, w = ctx.saved_tensors
+    gx, gy, gw = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args)
+    return gx, gy, gw, *([None] * 8)
+
+
+def _conv_backward_bwd(ctx, ggx, ggy, ggw):
+    x, y, w, grad_z = ctx.saved_tensors
+    out = conv_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.graph, *ctx.args)
+    return (*out, *([None] * 8))
+
+
+conv_forward.register_autograd(_conv_forward_bwd, setup_context=_conv_save)
+conv_backward.register_autograd(_conv_backward_bwd, setup_context=_conv_save_bwd)

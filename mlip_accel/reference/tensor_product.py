@@ -1,0 +1,110 @@
+"""Pure-PyTorch reference backend: the CPU path, the oracle of every test, the fallback without a GPU.
+
+Each path is one einsum over (weights, CG, x1, x2). Its gradient with respect to any operand is the
+einsum with that operand and the output swapped, which is how one helper serves forward and backward.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..problem import TPProblem
+
+# Index labels of (weight, x1, x2, out) per connection mode; "z" is the batch (edge) index.
+_MODE_LABELS = {
+    "uvu": ("zuv", "zui", "zvj", "zuk"),
+    "uvw": ("zuvw", "zui", "zvj", "zwk"),
+    "uuu": ("zu", "zui", "zuj", "zuk"),
+    "uuw": ("zuw", "zui", "zuj", "zwk"),
+}
+
+_CG_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _dense_cg(problem: TPProblem, p: int, dtype, device) -> torch.Tensor:
+    key = (problem.key, p, dtype, str(device))
+    c = _CG_CACHE.get(key)
+    if c is None:
+        path = problem.paths[p]
+        ls = (problem.irreps_in1[path.i_in1][1], problem.irreps_in2[path.i_in2][1],
+              problem.irreps_out[path.i_out][1])
+        c = torch.zeros([2 * l + 1 for l in ls], dtype=torch.float64)
+        for i, j, k, v in path.cg:
+            c[i, j, k] = v
+        c = (c * path.path_weight).to(dtype=dtype, device=device)
+        _CG_CACHE[key] = c
+    return c
+
+
+def _path_operands(problem: TPProblem, p: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
+    """(weight, x1, x2) views of path p; a path without weights gets a weight of ones."""
+    path = problem.paths[p]
+    batch = x.shape[0]
+    mul1, l1, _ = problem.irreps_in1[path.i_in1]
+    mul2, l2, _ = problem.irreps_in2[path.i_in2]
+    o1, o2 = problem.offsets_in1[path.i_in1], problem.offsets_in2[path.i_in2]
+    x1 = x[:, o1:o1 + mul1 * (2 * l1 + 1)].reshape(batch, mul1, 2 * l1 + 1)
+    x2 = y[:, o2:o2 + mul2 * (2 * l2 + 1)].reshape(batch, mul2, 2 * l2 + 1)
+    if path.has_weight:
+        wp = w[..., path.weight_offset:path.weight_offset + path.weight_numel]
+        wp = wp.reshape(path.weight_shape) if problem.shared_weights else wp.reshape(batch, *path.weight_shape)
+    else:
+        wp = x.new_ones(path.weight_shape if problem.shared_weights else (batch, *path.weight_shape))
+    return wp, x1, x2
+
+
+def _labels(problem: TPProblem, mode: str):
+    w, a, b, out = _MODE_LABELS[mode]
+    return (w[1:] if problem.shared_weights else w), a, b, out
+
+
+def _out_slice(problem: TPProblem, path, z: torch.Tensor):
+    mul, l, _ = problem.irreps_out[path.i_out]
+    o = problem.offsets_out[path.i_out]
+    return z[:, o:o + mul * (2 * l + 1)].view(z.shape[0], mul, 2 * l + 1)
+
+
+def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    z = x.new_zeros(x.shape[0], problem.dim_out)
+    for p, path in enumerate(problem.paths):
+        wp, x1, x2 = _path_operands(problem, p, x, y, w)
+        lw, la, lb, lo = _labels(problem, path.mode)
+        cg = _dense_cg(problem, p, x.dtype, x.device)
+        _out_slice(problem, path, z).add_(torch.einsum(f"{lw},ijk,{la},{lb}->{lo}", wp, cg, x1, x2))
+    return z
+
+
+def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
+    """Gradients (of x, y, w) of <grad_z, tp(x, y, w)>; None where not needed."""
+    gx = torch.zeros_like(x) if need[0] else None
+    gy = torch.zeros_like(y) if need[1] else None
+    gw = torch.zeros_like(w) if need[2] else None
+    batch = x.shape[0]
+    for p, path in enumerate(problem.paths):
+        wp, x1, x2 = _path_operands(problem, p, x, y, w)
+        lw, la, lb, lo = _labels(problem, path.mode)
+        cg = _dense_cg(problem, p, x.dtype, x.device)
+        g = _out_slice(problem, path, grad_z)
+        if gx is not None:
+            o = problem.offsets_in1[path.i_in1]
+            gx[:, o:o + x1[0].numel()] += torch.einsum(f"{lw},ijk,{lb},{lo}->{la}", wp, cg, x2, g).reshape(batch, -1)
+        if gy is not None:
+            o = problem.offsets_in2[path.i_in2]
+            gy[:, o:o + x2[0].numel()] += torch.einsum(f"{lw},ijk,{la},{lo}->{lb}", wp, cg, x1, g).reshape(batch, -1)
+        if gw is not None and path.has_weight:
+            gwp = torch.einsum(f"ijk,{la},{lb},{lo}->{lw}", cg, x1, x2, g)
+            sl = slice(path.weight_offset, path.weight_offset + path.weight_numel)
+            gw[..., sl] += gwp.reshape(gw[..., sl].shape)
+    return gx, gy, gw
+
+
+def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) -> torch.Tensor:
+    """sum over edges e of tp(x[src[e]], y[e], w[e]) into row dst[e]; ``graph`` only fixes the order."""
+    messages = tp_forward(problem, x.index_select(0, edge_src), y, w)
+    return x.new_zeros(x.shape[0], problem.dim_out).index_add_(0, edge_dst, messages)
+
+
+def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, graph=None, need=(True, True, True)):
+    gx_edges, gy, gw = tp_backward(problem, x.index_select(0, edge_src), y, w,
+                                   grad_z.index_select(0, edge_dst), need)
+    gx = torch.zeros_like(x).index_add_(0, edge_src, gx_edges) if need[0] else None
+    return gx, gy, gw
