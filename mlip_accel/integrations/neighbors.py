@@ -1,0 +1,86 @@
+"""Neighbour lists for MD through vesin: on the CPU, or on the GPU (through CuPy) when the model runs there.
+
+Edges come back ordered by receiver (the centre atom), the order the fused convolution's CSR wants,
+so the per-step sort in the model finds them nearly in place. Convention (ASE's ``ijS``): for edge e,
+``pos[senders[e]] - pos[receivers[e]] + unit_shifts[e] @ cell`` is the vector from the receiver to
+the neighbour; the list is full (both directions of every pair).
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+
+@dataclasses.dataclass
+class Neighbors:
+    receivers: torch.Tensor  # (E,) int64, non-decreasing
+    senders: torch.Tensor  # (E,) int64
+    unit_shifts: torch.Tensor  # (E, 3) int64, in units of the cell vectors
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.receivers.shape[0])
+
+
+def check_cell(cell: np.ndarray, pbc: np.ndarray) -> None:
+    """Raise InputError when a periodic direction has no (or a degenerate) cell vector."""
+    for axis in range(3):
+        if pbc[axis] and not np.linalg.norm(cell[axis]) > 0:
+            raise InputError(f"the structure is periodic along cell vector {axis + 1} but that vector is zero; "
+                             "set a cell or turn periodicity off (atoms.pbc)")
+    if pbc.all() and abs(np.linalg.det(cell)) < 1e-9:
+        raise InputError("the structure is periodic but its cell has zero volume")
+
+
+class NeighborList:
+    """Full neighbour list within ``cutoff`` (Å), recomputed every call (MD moves the atoms every step).
+
+    ``device``: where the model runs. On CUDA the list is built on the GPU when vesin's CUDA code works
+    in this process (tried once; on failure it warns and stays on the CPU) and the edges never cross PCIe.
+    """
+
+    def __init__(self, cutoff: float, device: torch.device | str = "cpu"):
+        import vesin
+
+        if not cutoff > 0:
+            raise ValueError(f"cutoff must be positive, got {cutoff!r}")
+        self.cutoff = float(cutoff)
+        self.device = torch.device(device)
+        self._cpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True, sorted=True)
+        self._gpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True) if self.device.type == "cuda" else None
+        self.on_gpu = self._gpu is not None
+
+    def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
+        positions = np.ascontiguousarray(positions, dtype=np.float64)
+        cell = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
+        pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+        check_cell(cell, pbc)
+        if self.on_gpu:
+            try:
+                return self._compute_gpu(positions, cell, pbc)
+            except Exception as err:  # vesin built without CUDA, CuPy missing or for another CUDA: CPU works
+                warnings.warn(f"mlip_accel: neighbour list on the GPU failed ({type(err).__name__}: {err}); "
+                              "building it on the CPU from now on", RuntimeWarning, stacklevel=2)
+                self.on_gpu = False
+        return self._compute_cpu(positions, cell, pbc)
+
+    def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
+        i, j, shifts = self._cpu.compute(positions, cell, pbc, quantities="ijS", copy=True)
+        return Neighbors(receivers=torch.from_numpy(i.astype(np.int64)).to(self.device),
+                         senders=torch.from_numpy(j.astype(np.int64)).to(self.device),
+                         unit_shifts=torch.from_numpy(shifts.astype(np.int64)).to(self.device))
+
+    def _compute_gpu(self, positions, cell, pbc) -> Neighbors:
+        import cupy
+
+        with cupy.cuda.Device(self.device.index or 0):
+            i, j, shifts = self._gpu.compute(cupy.asarray(positions), cupy.asarray(cell), pbc,
+                                             quantities="ijS", copy=True)
+        i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
+        order = torch.argsort(i, stable=True)
+        return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])

@@ -1,0 +1,127 @@
+"""What the ASE calculator needs from a model, whatever its framework: elements, cutoff, one evaluation."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from ..errors import DeviceUnavailableError, InputError, UnknownElementsError
+from ..neighbors import Neighbors
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclasses.dataclass
+class Evaluation:
+    """One structure's results in eV and Å (ASE's units); stress is 3x3 in eV/Å^3, None if not computed."""
+
+    energy: float
+    energies: np.ndarray
+    forces: np.ndarray
+    stress: np.ndarray | None
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when present, else CPU. A CUDA device that is not there raises DeviceUnavailableError."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {device!r}") from err
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise DeviceUnavailableError(f"device {str(device)!r} requested but CUDA is not available "
+                                         f"(torch {torch.__version__} is {build}; torch.cuda.is_available() "
+                                         "is False); use device 'cpu'")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(f"device {str(device)!r} requested but only "
+                                         f"{torch.cuda.device_count()} CUDA device(s) are visible")
+    elif device.type != "cpu":
+        raise InputError(f"device must be 'auto', 'cpu' or 'cuda[:N]', got {str(device)!r}")
+    return device
+
+
+def resolve_dtype(dtype) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if dtype in DTYPES:
+        return DTYPES[dtype]
+    raise InputError(f"dtype must be 'float32', 'float64' or None (the model's own), got {dtype!r}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+class Potential:
+    """A loaded model on its device, with its element list and cutoff.
+
+    Subclasses set ``framework`` and implement :meth:`_evaluate`. ``symbols[t]`` is the chemical symbol of
+    model type ``t``.
+    """
+
+    framework = "?"
+
+    def __init__(self, model: torch.nn.Module, symbols, r_max: float, device: torch.device, source: str):
+        self.model = model
+        self.symbols = list(symbols)
+        self.r_max = float(r_max)
+        self.device = device
+        self.source = source
+        self.accelerated = False
+        self.backend = "e3nn"
+        from ase.data import atomic_numbers
+
+        bad = [s for s in self.symbols if s not in atomic_numbers]
+        if bad:
+            raise InputError(f"{source}: model type names {bad} are not chemical symbols; mlip_accel maps "
+                             "atoms to model types by their chemical symbol")
+        self._type_of_z = np.full(119, -1, dtype=np.int64)
+        for t, symbol in enumerate(self.symbols):
+            self._type_of_z[atomic_numbers[symbol]] = t
+
+    @property
+    def dtype(self) -> torch.dtype:
+        raise NotImplementedError
+
+    def atom_types(self, numbers: np.ndarray) -> torch.Tensor:
+        """Model type index of every atom; UnknownElementsError names the elements the model lacks."""
+        numbers = np.asarray(numbers, dtype=np.int64)
+        types = self._type_of_z[np.clip(numbers, 0, 118)]
+        if (types < 0).any() or (numbers > 118).any() or (numbers < 1).any():
+            from ase.data import chemical_symbols
+
+            unknown = sorted({int(z) for z, t in zip(numbers, types) if t < 0 or not 1 <= z <= 118})
+            names = ", ".join(chemical_symbols[z] if 1 <= z <= 118 else f"Z={z}" for z in unknown)
+            raise UnknownElementsError(f"the structure contains {names}, unknown to the model {self.source} "
+                                       f"(it knows {', '.join(self.symbols)})")
+        return torch.from_numpy(types).to(self.device)
+
+    def accelerate(self, backend: str = "auto", deterministic: bool = True) -> "Potential":
+        """Swap mlip_accel's fused convolution into the model (through :func:`mlip_accel.accelerate`)."""
+        import mlip_accel
+        from mlip_accel.ops.backends import check_backend_name, resolve
+
+        check_backend_name(backend)
+        if backend == "cuda" and self.device.type != "cuda":
+            raise InputError(f"backend 'cuda' needs a CUDA device, but the model runs on {self.device}")
+        self.model = mlip_accel.accelerate(self.model, backend=backend, deterministic=deterministic) or self.model
+        self.accelerated = True
+        self.backend = resolve(backend, self.device)
+        return self
+
+    def evaluate(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
+                 neighbors: Neighbors, stress: bool) -> Evaluation:
+        """Energy, forces (and stress when asked and the cell has a volume) of one structure."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return (f"{self.framework} model {self.source} ({', '.join(self.symbols)}; r_max {self.r_max:g} A; "
+                f"{dtype_name(self.dtype)})")
+
+
+def cell_has_volume(cell: np.ndarray, pbc: np.ndarray) -> bool:
+    return bool(np.asarray(pbc).any()) and abs(float(np.linalg.det(cell))) > 1e-9
