@@ -1,0 +1,121 @@
+"""``mlip_accel.accelerate`` for NequIP (nequip 0.19): models, loaded models, packaged models, calculators.
+
+The swap itself lives in :mod:`mlip_accel.integrations.nequip.tp_scatter` and is shared with the
+``enable_MlipAccel`` model modifier; this adapter adds what a one-call API needs: recognising what it was
+given (including the foreign classes of a ``nequip-package`` file, matched by name), refusing compiled
+models with a reason, and the parity self-check that undoes the swap if results would change.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import NotAcceleratable
+
+_COMPILED_HINT = ("Accelerate the eager model instead: load the checkpoint or package with nequip's loaders "
+                  "(nequip.model.ModelFromCheckpoint / ModelFromPackage, or NequIPCalculator._from_saved_model) "
+                  "and pass that to mlip_accel.accelerate.")
+
+
+def _from_nequip(obj) -> bool:
+    # nequip's own classes, and those of a package file (module "<torch_package_N>.nequip....")
+    for cls in type(obj).__mro__:
+        module = cls.__module__.split(">.", 1)[-1]
+        if module == "nequip" or module.startswith("nequip."):
+            return True
+    return False
+
+
+def _is_calculator(obj) -> bool:
+    return _from_nequip(obj) and hasattr(obj, "model") and hasattr(obj, "calculate")
+
+
+def _compiled_kind(obj) -> str | None:
+    """'TorchScript' or 'AOTInductor' if ``obj`` (or the model it wraps) is compiled, else None."""
+    seen = 0
+    while obj is not None and seen < 4:
+        if isinstance(obj, torch.jit.ScriptModule):
+            return "TorchScript"
+        cls = type(obj)
+        if "AOTI" in cls.__name__ or cls.__module__.startswith("torch._inductor") or cls.__module__.startswith(
+                "torch._C._aoti"):
+            return "AOTInductor"
+        obj, seen = getattr(obj, "model", None), seen + 1
+    return None
+
+
+def _scripted_nequip(obj) -> bool:
+    # a TorchScript module keeps the names of the classes it was scripted from
+    return isinstance(obj, torch.jit.ScriptModule) and any(
+        getattr(m, "original_name", None) in ("GraphModel", "TensorProductScatter") for m in obj.modules())
+
+
+def claims(obj) -> bool:
+    from ..integrations.nequip.tp_scatter import is_accelerated, is_tensor_product_scatter
+
+    if _from_nequip(obj) or _scripted_nequip(obj):
+        return True
+    if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
+        return any(is_tensor_product_scatter(m) or is_accelerated(m) for m in obj.modules())
+    return False
+
+
+def _refuse_unless_acceleratable(model) -> None:
+    from ..integrations.nequip.modifier import check_supported
+    from ..integrations.nequip.tp_scatter import is_accelerated, is_tensor_product_scatter
+
+    kind = _compiled_kind(model)
+    if kind is not None:
+        raise NotAcceleratable(f"this NequIP model is {kind}-compiled: its convolution is frozen inside the "
+                               f"compiled artifact and cannot be swapped. {_COMPILED_HINT}")
+    if not isinstance(model, torch.nn.Module):
+        raise NotAcceleratable(f"expected a NequIP model (torch.nn.Module) or NequIPCalculator, got "
+                               f"{type(model).__name__}")
+    if is_tensor_product_scatter(model) or is_accelerated(model):
+        raise NotAcceleratable("got a single TensorProductScatter: pass the model that contains it, so the "
+                               "layer can be replaced inside its parent")
+    if not any(is_tensor_product_scatter(m) or is_accelerated(m) for m in model.modules()):
+        raise NotAcceleratable(
+            f"this {type(model).__name__} contains no NequIP TensorProductScatter, the convolution mlip_accel "
+            "replaces (NequIP GNN models have one per interaction block; other architectures, e.g. Allegro, "
+            "are not supported)")
+    try:
+        check_supported(model)
+    except RuntimeError as err:
+        raise NotAcceleratable(str(err)) from None
+
+
+def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True):
+    """Swap mlip_accel's fused convolution into a NequIP model or ``NequIPCalculator``, in place.
+
+    Returns ``obj`` itself. ``check=True`` compares the model before and after on a probe (see
+    :mod:`mlip_accel.integrations.nequip.probe`) and, on a mismatch, restores the original layers and
+    raises ``ParityCheckFailed``. Applying it again is a no-op (other options only update the layers).
+    """
+    from ..integrations.nequip import probe
+    from ..integrations.nequip.tp_scatter import (check_options, is_tensor_product_scatter,
+                                                  swap_tensor_product_scatters, undo)
+
+    check_options(deterministic, backend)
+    if not isinstance(check, bool):
+        raise TypeError(f"check must be True or False, got {check!r}")
+    model = obj.model if _is_calculator(obj) else obj
+    _refuse_unless_acceleratable(model)
+
+    # reference outputs first, while the model is still the original
+    to_swap = check and any(is_tensor_product_scatter(m) for m in model.modules())
+    graph_models = [m for m in model.modules() if probe.is_graph_model(m)] if to_swap else []
+    references = [(m, probe.probe_structure(m)) for m in graph_models]
+    references = [(m, data, probe.evaluate(m, data)) for m, data in references]
+    names = {id(m): name for name, m in model.named_modules()}
+
+    swaps = swap_tensor_product_scatters(model, deterministic=deterministic, backend=backend)
+    if check and swaps:
+        try:
+            for s in swaps:
+                probe.check_layer(s.old, s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
+            for m, data, before in references:
+                probe.compare_outputs(before, probe.evaluate(m, data), m.model_dtype, where=type(m).__name__)
+        except BaseException:
+            undo(swaps)  # never hand back a model whose results changed
+            raise
+    return obj
