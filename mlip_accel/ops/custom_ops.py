@@ -92,9 +92,14 @@ def _(x, y, w, grad_z, ggx, ggy, ggw, problem, backend):
     return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w), torch.empty_like(grad_z)
 
 
-def _save_inputs(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:4])
-    ctx.args = inputs[4:]
+def _saver(num_tensors: int, num_graph: int = 0):
+    """setup_context that saves the first ``num_tensors`` inputs, keeps the graph index tensors and the
+    trailing (problem, backend) strings as they are."""
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:num_tensors])
+        ctx.graph = inputs[num_tensors:num_tensors + num_graph]
+        ctx.args = inputs[num_tensors + num_graph:]
+    return setup_context
 
 
 def _tp_forward_bwd(ctx, grad_z):
@@ -108,8 +113,8 @@ def _tp_backward_bwd(ctx, ggx, ggy, ggw):
     return (*tp_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.args), None, None)
 
 
-tp_forward.register_autograd(_tp_forward_bwd, setup_context=_save_inputs)
-tp_backward.register_autograd(_tp_backward_bwd, setup_context=_save_inputs)
+tp_forward.register_autograd(_tp_forward_bwd, setup_context=_saver(3))
+tp_backward.register_autograd(_tp_backward_bwd, setup_context=_saver(4))
 
 
 # --- fused convolution ----------------------------------------------------------------------------
@@ -172,18 +177,6 @@ def _(x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, rowptr, tperm, t
     return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w), torch.empty_like(grad_z)
 
 
-def _conv_save(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
-    ctx.graph = inputs[3:9]
-    ctx.args = inputs[9:]
-
-
-def _conv_save_bwd(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:4])
-    ctx.graph = inputs[4:10]
-    ctx.args = inputs[10:]
-
-
 def _conv_forward_bwd(ctx, grad_z):
     x, y, w = ctx.saved_tensors
     gx, gy, gw = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args)
@@ -196,5 +189,5 @@ def _conv_backward_bwd(ctx, ggx, ggy, ggw):
     return (*out, *([None] * 8))
 
 
-conv_forward.register_autograd(_conv_forward_bwd, setup_context=_conv_save)
-conv_backward.register_autograd(_conv_backward_bwd, setup_context=_conv_save_bwd)
+conv_forward.register_autograd(_conv_forward_bwd, setup_context=_saver(3, num_graph=6))
+conv_backward.register_autograd(_conv_backward_bwd, setup_context=_saver(4, num_graph=6))

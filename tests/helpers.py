@@ -1,0 +1,97 @@
+"""Shared test helpers: e3nn references, random problems and graphs."""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from mlip_accel.problem import channelwise_problem
+from mlip_accel.problem.e3nn_compat import o3
+
+PROBLEMS_JSON = Path(__file__).resolve().parents[2] / "shared" / "bench" / "problems.json"
+_IN_REPO_COPY = Path(__file__).resolve().parents[1] / "benchmarks" / "problems.json"
+
+
+def bench_problems() -> list[dict]:
+    path = PROBLEMS_JSON if PROBLEMS_JSON.exists() else _IN_REPO_COPY
+    return json.loads(path.read_text())["problems"]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    # e3nn bakes its CG constants in the default dtype at construction: build fp64 references in fp64.
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def e3nn_tp(irreps_in1, irreps_in2, irreps_out, instructions, dtype=torch.float64, **kwargs):
+    kwargs.setdefault("shared_weights", False)
+    kwargs.setdefault("internal_weights", False)
+    with default_dtype(dtype):
+        return o3().TensorProduct(irreps_in1, irreps_in2, irreps_out, instructions, **kwargs)
+
+
+def bench_e3nn_tp(problem: dict, dtype=torch.float64):
+    in1, out, ins = channelwise_problem(problem["in1"], problem["in2"], problem["target"])
+    return e3nn_tp(in1, problem["in2"], out, ins, dtype=dtype)
+
+
+def random_irreps(rng: random.Random, lmax: int = 4, max_terms: int = 3, odd_muls: bool = True) -> str:
+    terms = []
+    for _ in range(rng.randint(1, max_terms)):
+        mul = rng.choice([1, 3, 5, 7]) if odd_muls else rng.randint(1, 6)
+        terms.append(f"{mul}x{rng.randint(0, lmax)}{rng.choice('eo')}")
+    return str(o3().Irreps("+".join(terms)).simplify())
+
+
+def random_problem(rng: random.Random, mode: str, dtype=torch.float64, lmax: int = 4, **kwargs):
+    """A random e3nn TensorProduct with at least one path of the given mode."""
+    while True:
+        in1 = o3().Irreps(random_irreps(rng, lmax))
+        in2 = o3().Irreps(random_irreps(rng, lmax) if mode in ("uvu", "uvw") else str(in1))
+        out_terms, instructions = [], []
+        for i, (m1, ir1) in enumerate(in1):
+            for j, (m2, ir2) in enumerate(in2):
+                if mode in ("uuu", "uuw") and m1 != m2:
+                    continue
+                for ir in ir1 * ir2:
+                    if ir.l > lmax or rng.random() < 0.3:
+                        continue
+                    mul_out = m1 if mode in ("uvu", "uuu") else rng.choice([1, 3, 5])
+                    instructions.append((i, j, len(out_terms), mode, True))
+                    out_terms.append(f"{mul_out}x{ir}")
+        if instructions:
+            return e3nn_tp(in1, in2, "+".join(out_terms), instructions, dtype=dtype, **kwargs)
+
+
+def random_graph(num_nodes: int, num_edges: int, generator=None, device="cpu"):
+    dst = torch.randint(0, num_nodes, (num_edges,), generator=generator).to(device)
+    src = torch.randint(0, num_nodes, (num_edges,), generator=generator).to(device)
+    return dst, src
+
+
+def random_inputs(tp, num_nodes: int, num_edges: int, dtype, device="cpu", requires_grad=False):
+    x = torch.randn(num_nodes, tp.irreps_in1.dim, dtype=dtype, device=device, requires_grad=requires_grad)
+    y = torch.randn(num_edges, tp.irreps_in2.dim, dtype=dtype, device=device, requires_grad=requires_grad)
+    wshape = (tp.weight_numel,) if tp.shared_weights else (num_edges, tp.weight_numel)
+    w = torch.randn(*wshape, dtype=dtype, device=device, requires_grad=requires_grad)
+    return x, y, w
+
+
+def e3nn_conv(tp, x, y, w, dst, src):
+    return torch.zeros(x.shape[0], tp.irreps_out.dim, dtype=x.dtype, device=x.device).index_add(
+        0, dst, tp(x[src], y, w))
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
