@@ -1,0 +1,217 @@
+"""MACE adapter (mace-torch 0.3.16): the fused convolution in every interaction block, through MACE's conv_fusion hook.
+
+Each supported interaction block gets ``conv_tp = MACEFusedConv(old conv_tp)`` and a ``conv_fusion``
+attribute, the switch MACE's blocks test before calling ``conv_tp(node_feats, edge_attrs, tp_weights,
+edge_index)``; nothing else in the model changes. All blocks of one model share one
+:class:`~.mace_conv.SharedEdgeGraph`, so the edges are sorted once per forward pass, not once per layer.
+"""
+from __future__ import annotations
+
+from ..problem.e3nn_compat import o3
+from . import NotAcceleratable
+from .mace_conv import MACEFusedConv, SharedEdgeGraph
+from .mace_probe import ParityCheckFailed, compare, probe_batch, run_probe, tolerance
+
+CONV_FUSION_TAG = "mlip_accel"
+
+# Interaction blocks of mace-torch 0.3.16 that own a conv_tp and call it through the conv_fusion
+# convention (checked at run time too: see _fusion_aware). A subclass may override forward: not trusted.
+SUPPORTED_BLOCKS = (
+    "RealAgnosticInteractionBlock",
+    "RealAgnosticResidualInteractionBlock",
+    "RealAgnosticDensityInteractionBlock",
+    "RealAgnosticDensityResidualInteractionBlock",
+    "RealAgnosticAttResidualInteractionBlock",
+    "RealAgnosticResidualNonLinearInteractionBlock",
+)
+SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE")
+
+__all__ = ["claims", "accelerate", "restore", "is_accelerated", "ParityCheckFailed", "SUPPORTED_BLOCKS"]
+
+
+def _supported_block_classes() -> dict:
+    from mace.modules import blocks
+    return {getattr(blocks, name): name for name in SUPPORTED_BLOCKS if hasattr(blocks, name)}
+
+
+def _supported_model_classes() -> tuple:
+    from mace.modules import models
+    return tuple(getattr(models, name) for name in SUPPORTED_MODELS)
+
+
+def _calculator_class():
+    from mace.calculators.mace import MACECalculator
+    return MACECalculator
+
+
+def _fusion_aware(cls) -> bool:
+    """Whether this block class's forward tests ``conv_fusion`` (it holds the name as a string constant)."""
+    return "conv_fusion" in cls.forward.__code__.co_consts
+
+
+def _type_name(obj) -> str:
+    return f"{type(obj).__module__}.{type(obj).__name__}"
+
+
+def _from_mace(cls) -> bool:
+    return any((c.__module__ or "").split(".")[0] == "mace" for c in cls.__mro__)
+
+
+def _scripted_mace(obj) -> bool:
+    # a TorchScript module (a *_compiled.model file) keeps the name of the class it was scripted from
+    import torch
+
+    return isinstance(obj, torch.jit.ScriptModule) and getattr(obj, "original_name", None) in SUPPORTED_MODELS
+
+
+def claims(obj) -> bool:
+    if isinstance(obj, _calculator_class()) or _scripted_mace(obj):
+        return True
+    return _from_mace(type(obj)) and hasattr(obj, "interactions")
+
+
+def is_accelerated(model) -> bool:
+    return any(isinstance(getattr(m, "conv_tp", None), MACEFusedConv) for m in model.modules())
+
+
+# --- validation: everything is refused before anything is changed ---------------------------------
+
+def _enabled(config) -> bool:
+    return bool(config is not None and getattr(config, "enabled", False))
+
+
+def _plan(model) -> list:
+    """The interaction blocks to accelerate, or NotAcceleratable saying why this model cannot be."""
+    if not isinstance(model, _supported_model_classes()) or type(model).__name__ not in SUPPORTED_MODELS:
+        raise NotAcceleratable(f"mlip_accel accelerates the MACE models {', '.join(SUPPORTED_MODELS)}; "
+                               f"got {_type_name(model)}")
+    known = _supported_block_classes()
+    blocks = [m for m in model.modules() if hasattr(m, "conv_tp")]
+    unknown = [b for b in list(model.interactions) + blocks if type(b) not in known]
+    if unknown:
+        raise NotAcceleratable(
+            f"interaction block {_type_name(unknown[0])} is not one mlip_accel knows (it would give wrong "
+            f"results, so the model is left unchanged); supported: {', '.join(SUPPORTED_BLOCKS)}")
+    e3nn_tp_cls = o3().TensorProduct
+    for block in blocks:
+        name = known[type(block)]
+        if not _fusion_aware(type(block)):
+            raise NotAcceleratable(f"{name}.forward of the installed MACE does not use the conv_fusion "
+                                   "convention mlip_accel plugs into (mace-torch 0.3.16 does)")
+        if isinstance(block.conv_tp, MACEFusedConv):
+            continue
+        if _enabled(getattr(block, "cueq_config", None)) or _enabled(getattr(block, "oeq_config", None)) \
+                or hasattr(block, "conv_fusion") or type(block.conv_tp) is not e3nn_tp_cls:
+            raise NotAcceleratable(
+                f"{name} has already been converted (conv_tp is {_type_name(block.conv_tp)}, conv_fusion="
+                f"{getattr(block, 'conv_fusion', None)!r}): mlip_accel accelerates plain e3nn MACE models. "
+                "Convert the model back with mace_cueq_to_e3nn / mace.cli.convert_oeq_e3nn first")
+    return blocks
+
+
+# --- the swap ------------------------------------------------------------------------------------------
+
+def _install(blocks, backend: str, deterministic: bool) -> list:
+    """Swap the fused convolution into ``blocks``; returns undo records for :func:`_uninstall`."""
+    shared = next((b.conv_tp.graphs for b in blocks if isinstance(b.conv_tp, MACEFusedConv)), None)
+    shared = shared or SharedEdgeGraph()
+    undo = []
+    for block in blocks:
+        conv = block.conv_tp
+        if isinstance(conv, MACEFusedConv):  # already accelerated: take the requested settings
+            undo.append((block, conv, (conv.conv.backend, conv.conv.deterministic)))
+            conv.conv.backend, conv.conv.deterministic = backend, bool(deterministic)
+            continue
+        try:
+            fused = MACEFusedConv(conv, shared, backend=backend, deterministic=deterministic)
+        except NotImplementedError as err:
+            _uninstall(undo)
+            raise NotAcceleratable(f"{type(block).__name__}.conv_tp: {err}") from None
+        fused.train(conv.training)
+        undo.append((block, conv, None))
+        block.conv_tp = fused
+        block.conv_fusion = CONV_FUSION_TAG
+    return undo
+
+
+def _uninstall(undo) -> None:
+    for block, conv, settings in reversed(undo):
+        if settings is None:
+            block.conv_tp = conv
+            del block.conv_fusion
+        else:
+            conv.conv.backend, conv.conv.deterministic = settings
+
+
+def _plain_outputs(model, blocks, batch):
+    """Probe outputs with e3nn's convolution in every block, also when some were accelerated before."""
+    swapped = [(b, b.conv_tp) for b in blocks if isinstance(b.conv_tp, MACEFusedConv)]
+    for block, fused in swapped:
+        block.conv_tp = fused.e3nn_module
+        del block.conv_fusion
+    try:
+        return run_probe(model, batch)
+    finally:
+        for block, fused in swapped:
+            block.conv_tp = fused
+            block.conv_fusion = CONV_FUSION_TAG
+
+
+def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -> None:
+    from ..ops.backends import check_backend_name
+
+    check_backend_name(backend)
+    plans = [_plan(model) for model in models]
+    done = []
+    try:
+        for model, blocks in zip(models, plans):
+            batch = probe_batch(model) if check else None
+            reference = _plain_outputs(model, blocks, batch) if check else None
+            undo = _install(blocks, backend, deterministic)
+            done.append(undo)
+            if check:
+                e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
+                compare(reference, run_probe(model, batch), tolerance(model, e3nn_tps))
+    except BaseException:
+        for undo in reversed(done):
+            _uninstall(undo)
+        raise
+
+
+def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True):
+    """Swap the fused convolution into a MACE model, or into every model of a ``MACECalculator``, in place.
+
+    ``check=True`` runs a small probe structure through the model before and after and raises
+    :class:`ParityCheckFailed` (leaving the model as it was) when energy, forces, stress or node features
+    differ beyond the tolerance of the model's dtype. Accelerating twice changes nothing (the second call
+    applies its ``backend``/``deterministic``). Returns ``obj``.
+    """
+    if isinstance(obj, _calculator_class()):
+        if getattr(obj, "use_compile", False):
+            raise NotAcceleratable("this MACECalculator's models are torch.compile'd; create it with "
+                                   "compile_mode=None, then call mlip_accel.accelerate(calc)")
+        if getattr(obj, "_uses_accelerated_backend", False):
+            raise NotAcceleratable("this MACECalculator was created with enable_cueq/enable_oeq; create it "
+                                   "without them to use mlip_accel")
+        _accelerate_models(list(obj.models), backend, deterministic, check)
+        return obj
+    if _scripted_mace(obj):
+        raise NotAcceleratable("this MACE model is TorchScript-compiled (a *_compiled.model file); its "
+                               "convolution cannot be swapped: load the .model file it was compiled from")
+    if not claims(obj):
+        raise NotAcceleratable(f"not a MACE model or MACECalculator: {_type_name(obj)}")
+    _accelerate_models([obj], backend, deterministic, check)
+    return obj
+
+
+def restore(obj):
+    """Undo :func:`accelerate` in place: the original e3nn convolution back in every block. Returns ``obj``."""
+    models = list(obj.models) if isinstance(obj, _calculator_class()) else [obj]
+    for model in models:
+        for block in model.modules():
+            conv = getattr(block, "conv_tp", None)
+            if isinstance(conv, MACEFusedConv):
+                block.conv_tp = conv.e3nn_module
+                if getattr(block, "conv_fusion", None) == CONV_FUSION_TAG:
+                    del block.conv_fusion
+    return obj

@@ -1,0 +1,116 @@
+"""The fused convolution in the shape MACE's interaction blocks call when they have ``conv_fusion`` set.
+
+A block with a ``conv_fusion`` attribute calls ``self.conv_tp(node_feats, edge_attrs, tp_weights, edge_index)``
+and expects the messages already summed onto the receivers (``edge_index[1]``) from the senders
+(``edge_index[0]``): the convention MACE uses to plug in cuEquivariance and OpenEquivariance. This module
+does not import MACE, so that an accelerated model unpickles wherever mlip_accel and MACE are installed.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from ..graph import EdgeGraph, sort_edges
+from ..modules import TensorProductConv
+
+# The replaced e3nn module lives on as a child of this name: its state_dict entries keep MACE's keys and
+# restoring the plain block is a swap back.
+E3NN_CHILD = "e3nn_tp"
+
+
+class SharedEdgeGraph:
+    """The CSR sort of a model's edge list, made by the first interaction block that sees it, reused by the rest.
+
+    All interaction blocks of a MACE forward pass receive the same ``edge_index`` tensor, so the sort is
+    keyed on that tensor's identity (a weak reference: no stale hit once it is freed), its in-place
+    version counter and the node count. A new structure, or an edited one, gets a new sort.
+    """
+
+    def __init__(self):
+        self._edge_index = None  # weakref.ref to the tensor last sorted
+        self._version = -1
+        self._num_nodes = -1
+        self._graph: EdgeGraph | None = None
+        self.sorts = 0  # how many sorts this cache made (diagnostics)
+
+    def get(self, edge_index: torch.Tensor, num_nodes: int) -> EdgeGraph:
+        if (self._edge_index is not None and self._edge_index() is edge_index
+                and self._version == edge_index._version and self._num_nodes == num_nodes):
+            return self._graph
+        graph = sort_edges(edge_index[1], edge_index[0], num_nodes)
+        self._edge_index, self._version, self._num_nodes, self._graph = (
+            weakref.ref(edge_index), edge_index._version, num_nodes, graph)
+        self.sorts += 1
+        return graph
+
+    # The cache never travels with a saved or copied model (weak references do not pickle anyway).
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.__init__()
+
+
+def _save_as_plain(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook: the e3nn child's entries appear under the block's ``conv_tp.`` as in plain MACE."""
+    inner = prefix + E3NN_CHILD + "."
+    for key in [k for k in state_dict if k.startswith(inner)]:
+        state_dict[prefix + key[len(inner):]] = state_dict.pop(key)
+
+
+def _load_from_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                     error_msgs) -> None:
+    """load_state_dict pre-hook: the inverse of :func:`_save_as_plain` (accepts both layouts)."""
+    inner = prefix + E3NN_CHILD + "."
+    for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+        state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+
+class MACEFusedConv(nn.Module):
+    """Drop-in ``conv_tp`` for a MACE interaction block with ``conv_fusion`` set.
+
+    ``forward(node_feats, edge_attrs, tp_weights, edge_index)`` equals MACE's
+    ``scatter_sum(e3nn_tp(node_feats[edge_index[0]], edge_attrs, tp_weights), edge_index[1], dim_size=N)``
+    computed by :class:`mlip_accel.TensorProductConv`. Its ``state_dict`` is the replaced e3nn module's,
+    under the same keys, so checkpoints are interchangeable with the plain model.
+    """
+
+    def __init__(self, e3nn_tp: nn.Module, graphs: SharedEdgeGraph, backend: str = "auto",
+                 deterministic: bool = True):
+        super().__init__()
+        self.conv = TensorProductConv.from_e3nn(e3nn_tp, backend=backend, deterministic=deterministic)
+        self.add_module(E3NN_CHILD, e3nn_tp)
+        self.graphs = graphs
+        self.register_state_dict_post_hook(_save_as_plain)
+        self.register_load_state_dict_pre_hook(_load_from_plain)
+
+    @property
+    def e3nn_module(self) -> nn.Module:
+        return getattr(self, E3NN_CHILD)
+
+    # what MACE and its tools read off a conv_tp
+    @property
+    def weight_numel(self) -> int:
+        return self.conv.weight_numel
+
+    @property
+    def irreps_in1(self):
+        return self.e3nn_module.irreps_in1
+
+    @property
+    def irreps_in2(self):
+        return self.e3nn_module.irreps_in2
+
+    @property
+    def irreps_out(self):
+        return self.e3nn_module.irreps_out
+
+    def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
+                edge_index: torch.Tensor) -> torch.Tensor:
+        if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
+            raise ValueError("edge_index must be a (2, num_edges) tensor of (sender, receiver) ids, got "
+                             f"{tuple(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index)}")
+        graph = self.graphs.get(edge_index, node_feats.shape[0]) if self.conv.deterministic else None
+        return self.conv(node_feats, edge_attrs, tp_weights, edge_index[1], edge_index[0], graph=graph)

@@ -1,0 +1,120 @@
+"""Parity self-check of an accelerated MACE model: the same small periodic structure through both convolutions.
+
+The probe holds every element of the model (from its ``atomic_numbers``, i.e. its z_table) and one
+structure per head, on a jittered cubic lattice whose spacing gives each atom a dozen or more neighbours
+within ``r_max``: dense enough that every path of every interaction carries weight, sparse enough that no
+pair sits in the steep repulsive range that would dominate the outputs.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+# Outputs compared; "node_feats" holds every interaction's output, so a bad layer cannot hide.
+COMPARED = ("energy", "forces", "stress", "node_feats")
+
+# Relative tolerance of the check, max|accelerated - e3nn| <= RTOL * max|e3nn| per output:
+#   float32: both sides round at float32 (~6e-8) through a dozen layers and different summation orders;
+#            measured differences are ~1e-6, and a real mismatch (a wrong path, weight layout or
+#            normalisation) changes outputs by O(1e-1) and more.
+#   float64 with exact e3nn constants (model built under float64, as MACE's training does): ~1e-14 measured.
+#   float64 with float32-rounded e3nn constants (model built in float32, then .double()): the e3nn reference
+#            itself is only float32-accurate in its Clebsch-Gordan coefficients (rel. ~3e-8), ours are exact,
+#            measured differences ~1e-7; so the check is held to the float32 tolerance.
+RTOL_FLOAT32 = 1e-4
+RTOL_FLOAT64 = 1e-9
+RTOL_FLOAT64_ROUNDED_CG = RTOL_FLOAT32
+
+
+class ParityCheckFailed(RuntimeError):
+    """The accelerated model's outputs differ from the unaccelerated model's on the probe structure."""
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        return p.dtype
+    return torch.get_default_dtype()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def probe_batch(model: torch.nn.Module) -> dict:
+    """A MACE input dict (as the calculator builds it) on the model's device and dtype."""
+    import ase
+    from mace import data as mace_data
+    from mace.tools import torch_geometric
+    from mace.tools.utils import AtomicNumberTable
+
+    zs = [int(z) for z in model.atomic_numbers]
+    heads = list(getattr(model, "heads", None) or ["Default"])
+    r_max = float(model.r_max)
+    rng = np.random.default_rng(0)
+    spacing = 0.55 * r_max
+    grid = np.array([(i, j, k) for i in range(2) for j in range(2) for k in range(2)], dtype=float)
+    numbers = [zs[i % len(zs)] for i in range(len(grid))]
+    z_table = AtomicNumberTable(zs)
+    graphs = []
+    for head in heads:
+        positions = spacing * (grid + rng.uniform(-0.12, 0.12, size=grid.shape))
+        cell = spacing * 2 * np.eye(3) + rng.uniform(-0.05, 0.05, size=(3, 3)) * spacing
+        atoms = ase.Atoms(numbers=rng.permutation(numbers), positions=positions, cell=cell, pbc=True)
+        config = mace_data.config_from_atoms(atoms, head_name=head)
+        graphs.append(mace_data.AtomicData.from_config(config, z_table=z_table, cutoff=r_max, heads=heads))
+    batch = torch_geometric.Batch.from_data_list(graphs).to(model_device(model))
+    dtype = model_dtype(model)
+    out = {}
+    for key in batch.keys:
+        value = batch[key]
+        if torch.is_tensor(value) and torch.is_floating_point(value):
+            value = value.to(dtype)
+        out[key] = value
+    return out
+
+
+def run_probe(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    inputs = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}
+    out = model(inputs, training=False, compute_force=True, compute_stress=True)
+    return {k: out[k].detach() for k in COMPARED if out.get(k) is not None}
+
+
+def _cg_rounded(e3nn_tp: torch.nn.Module) -> bool:
+    """Whether this float64 e3nn module's Clebsch-Gordan buffers were computed in float32 and cast."""
+    from ..problem.e3nn_compat import o3
+
+    for name, buf in e3nn_tp.named_buffers():
+        found = re.search(r"_w3j_(\d+)_(\d+)_(\d+)$", name)
+        if found is None or buf.dtype != torch.float64:
+            continue
+        exact = o3().wigner_3j(*(int(g) for g in found.groups()), dtype=torch.float64)
+        if exact.shape != buf.shape or (buf.cpu() - exact).abs().max() > 1e-13:
+            return True
+    return False
+
+
+def tolerance(model: torch.nn.Module, e3nn_tps) -> float:
+    if model_dtype(model) != torch.float64:
+        return RTOL_FLOAT32
+    return RTOL_FLOAT64_ROUNDED_CG if any(_cg_rounded(tp) for tp in e3nn_tps) else RTOL_FLOAT64
+
+
+def compare(reference: dict[str, torch.Tensor], accelerated: dict[str, torch.Tensor], rtol: float) -> None:
+    """Raise :class:`ParityCheckFailed` naming every output that differs beyond ``rtol``."""
+    problems = []
+    for key, ref in reference.items():
+        acc = accelerated.get(key)
+        if acc is None or acc.shape != ref.shape:
+            problems.append(f"{key}: shape {None if acc is None else tuple(acc.shape)} vs {tuple(ref.shape)}")
+            continue
+        err = float((acc - ref).abs().max()) if ref.numel() else 0.0
+        scale = max(float(ref.abs().max()) if ref.numel() else 0.0, 1e-12)
+        if not err <= rtol * scale:  # also catches NaN
+            problems.append(f"{key}: max |diff| {err:.3e} > {rtol:.0e} * max |value| {scale:.3e}")
+    if problems:
+        raise ParityCheckFailed("mlip_accel parity self-check failed, the model was left unaccelerated: "
+                                + "; ".join(problems))

@@ -1,0 +1,268 @@
+"""mlip_accel.accelerate on MACE models (mace-torch 0.3.16, e3nn 0.4.4), CPU reference backend."""
+import copy
+import io
+
+import pytest
+import torch
+
+pytest.importorskip("mace")
+
+import mlip_accel  # noqa: E402
+from mlip_accel.patches import mace as mace_patch  # noqa: E402
+from mlip_accel.patches import mace_conv  # noqa: E402
+from mlip_accel.patches.mace_conv import MACEFusedConv  # noqa: E402
+from mlip_accel.patches.mace_probe import ParityCheckFailed  # noqa: E402
+
+from mace_fixtures import (BLOCKS, TOLERANCE, assert_close, batch_for, emt_structures, evaluate,  # noqa: E402
+                           tiny_model)
+
+pytestmark = pytest.mark.mace
+
+
+@pytest.fixture(scope="module")
+def structures():
+    return emt_structures(2, seed=3)
+
+
+def _accelerated_pair(**kwargs):
+    plain = tiny_model(**kwargs)
+    return plain, mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")
+
+
+def _convs(model):
+    return [m.conv_tp for m in model.modules() if hasattr(m, "conv_tp")]
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+def test_parity_each_block_fp64(block, structures):
+    plain, fast = _accelerated_pair(block=block)
+    assert all(isinstance(c, MACEFusedConv) for c in _convs(fast)) and len(_convs(fast)) == 2
+    assert all(getattr(b, "conv_fusion", None) == "mlip_accel" for b in fast.interactions)
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
+
+
+def test_parity_plain_mace_fp32_mixed_first_block(structures):
+    # MACE's own default: a non-residual first interaction, residual ones after it
+    plain, fast = _accelerated_pair(block="RealAgnosticResidualInteractionBlock",
+                                    first_block="RealAgnosticInteractionBlock", scale_shift=False,
+                                    dtype=torch.float32)
+    assert type(fast).__name__ == "MACE"
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float32"])
+
+
+def test_parity_fp64_converted_from_fp32(structures):
+    # e3nn keeps float32-rounded CG constants after .double(): the reference itself is float32-accurate there
+    plain = tiny_model(dtype=torch.float32).double()
+    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")  # the self-check passes
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64_from_float32"])
+
+
+def test_parity_multihead(structures):
+    plain, fast = _accelerated_pair(heads=("Default", "pbe"))
+    for head in ("Default", "pbe"):
+        batch = batch_for(plain, structures, heads=[head] * len(structures))
+        assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
+    mixed = batch_for(plain, structures, heads=["Default", "pbe"])
+    assert_close(evaluate(fast, mixed), evaluate(plain, mixed), TOLERANCE["float64"])
+
+
+def test_training_gradients_match(structures):
+    """Loss on energy and forces, backpropagated to the parameters: exercises the double backward."""
+    plain, fast = _accelerated_pair(block="RealAgnosticDensityResidualInteractionBlock")
+    batch = batch_for(plain, structures)
+    grads = []
+    for model in (plain, fast):
+        out = evaluate(model, batch, training=True)
+        loss = (out["energy"] ** 2).sum() + (out["forces"] ** 2).sum() + (out["stress"] ** 2).sum()
+        model.zero_grad()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_atomic_variant_parity(structures):
+    plain = tiny_model()
+    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference", deterministic=False)
+    assert not any(c.conv.deterministic for c in _convs(fast))
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
+
+
+def test_edges_sorted_once_per_forward(structures, monkeypatch):
+    calls = []
+
+    def counting_sort(edge_dst, edge_src, num_nodes):
+        calls.append(edge_dst.shape[0])
+        return sort_edges(edge_dst, edge_src, num_nodes)
+
+    sort_edges = mace_conv.sort_edges
+    monkeypatch.setattr(mace_conv, "sort_edges", counting_sort)
+    _, fast = _accelerated_pair()
+    assert len({id(c.graphs) for c in _convs(fast)}) == 1  # one shared cache for both interactions
+    calls.clear()
+    evaluate(fast, batch_for(fast, structures))
+    assert len(calls) == 1
+    evaluate(fast, batch_for(fast, structures[:1]))  # a new structure: sorted again, once
+    assert len(calls) == 2
+
+
+def test_rest_of_model_untouched_and_state_dict_compatible():
+    plain, fast = _accelerated_pair()
+    plain_state, fast_state = plain.state_dict(), fast.state_dict()
+    assert list(fast_state) == list(plain_state)  # same keys, same order: checkpoints interchangeable
+    for key, value in plain_state.items():
+        assert torch.equal(fast_state[key], value), key
+    names = lambda m: {n for n, _ in m.named_modules() if ".conv_tp" not in n}  # noqa: E731
+    assert names(fast) == names(plain)
+    # a plain checkpoint loads strictly into the accelerated model and vice versa
+    other = tiny_model(seed=1)
+    fast.load_state_dict(other.state_dict(), strict=True)
+    for key, value in other.state_dict().items():
+        assert torch.equal(fast.state_dict()[key], value), key
+    plain.load_state_dict(fast.state_dict(), strict=True)
+
+
+def test_pickle_round_trip_keeps_acceleration_and_results(structures, tmp_path):
+    _, fast = _accelerated_pair()
+    batch = batch_for(fast, structures)
+    before = evaluate(fast, batch)
+    path = tmp_path / "accelerated.model"
+    torch.save(fast, path)
+    loaded = torch.load(path, weights_only=False)
+    assert all(isinstance(c, MACEFusedConv) for c in _convs(loaded))
+    graphs = {id(c.graphs) for c in _convs(loaded)}
+    assert len(graphs) == 1  # still one shared sort after unpickling
+    after = evaluate(loaded, batch)
+    for key in before:
+        assert torch.equal(after[key], before[key]), key
+    # and deepcopy (what MACE's training does to save models) too
+    assert_close(evaluate(copy.deepcopy(fast), batch), before, 0.0)
+
+
+def test_model_file_written_by_torch_save_then_loaded(structures, tmp_path):
+    plain = tiny_model(block="RealAgnosticResidualInteractionBlock", first_block="RealAgnosticInteractionBlock")
+    path = tmp_path / "plain.model"
+    torch.save(plain, path)  # what MACE's training writes
+    loaded = torch.load(path, weights_only=False)
+    mlip_accel.accelerate(loaded)
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(loaded, batch), evaluate(plain, batch), TOLERANCE["float64"])
+
+
+def test_idempotent_and_settings_update(structures):
+    plain, fast = _accelerated_pair()
+    convs = _convs(fast)
+    assert mlip_accel.accelerate(fast, backend="reference") is fast
+    assert _convs(fast) == convs  # same objects: nothing wrapped twice
+    assert all(isinstance(c.e3nn_module, torch.nn.Module) and not isinstance(c.e3nn_module, MACEFusedConv)
+               for c in convs)
+    mlip_accel.accelerate(fast, backend="reference", deterministic=False)
+    assert not any(c.conv.deterministic for c in _convs(fast))
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
+
+
+def test_restore_gives_back_the_plain_model(structures):
+    plain, fast = _accelerated_pair()
+    mace_patch.restore(fast)
+    assert not mace_patch.is_accelerated(fast)
+    assert not any(hasattr(b, "conv_fusion") for b in fast.interactions)
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), 0.0)
+
+
+# --- refusals --------------------------------------------------------------------------------------
+
+def _unchanged(model):
+    return not mace_patch.is_accelerated(model) and not any(hasattr(b, "conv_fusion") for b in model.interactions)
+
+
+def test_refuses_unknown_interaction_block():
+    from mace.modules.blocks import RealAgnosticResidualInteractionBlock
+
+    class MyBlock(RealAgnosticResidualInteractionBlock):
+        pass
+
+    model = tiny_model()
+    model.interactions[1].__class__ = MyBlock
+    with pytest.raises(mlip_accel.NotAcceleratable, match="MyBlock is not one mlip_accel knows"):
+        mlip_accel.accelerate(model)
+    assert _unchanged(model)
+
+
+@pytest.mark.parametrize("fusion", ["atomic", True])  # oeq sets a string, cueq a bool
+def test_refuses_models_converted_to_oeq_or_cueq(fusion):
+    model = tiny_model()
+    model.interactions[1].conv_fusion = fusion
+    with pytest.raises(mlip_accel.NotAcceleratable, match="already been converted"):
+        mlip_accel.accelerate(model)
+    assert not mace_patch.is_accelerated(model)
+
+
+def test_refuses_foreign_conv_tp():
+    class NotE3nn(torch.nn.Module):
+        weight_numel = 0
+
+    model = tiny_model()
+    model.interactions[0].conv_tp = NotE3nn()
+    with pytest.raises(mlip_accel.NotAcceleratable, match="NotE3nn"):
+        mlip_accel.accelerate(model)
+    assert _unchanged(model)
+
+
+def test_refuses_cueq_config_enabled():
+    from mace.modules.wrapper_ops import CuEquivarianceConfig
+
+    model = tiny_model()
+    config = CuEquivarianceConfig()
+    config.enabled = True  # as set where cuequivariance is installed (e.g. layout ir_mul: wrong for us)
+    model.interactions[0].cueq_config = config
+    with pytest.raises(mlip_accel.NotAcceleratable, match="already been converted"):
+        mlip_accel.accelerate(model)
+    assert _unchanged(model)
+
+
+def test_refuses_other_model_classes():
+    model = tiny_model()
+    model.__class__ = type("MACELike", (type(model),), {})
+    with pytest.raises(mlip_accel.NotAcceleratable, match="MACE, ScaleShiftMACE"):
+        mlip_accel.accelerate(model)
+    with pytest.raises(mlip_accel.NotAcceleratable):
+        mlip_accel.accelerate(torch.nn.Linear(2, 2))
+
+
+def test_bad_backend_name():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="backend must be one of"):
+        mlip_accel.accelerate(model, backend="gpu")
+    assert _unchanged(model)
+
+
+def test_parity_failure_raises_and_leaves_model_unchanged(monkeypatch):
+    forward = MACEFusedConv.forward
+    monkeypatch.setattr(MACEFusedConv, "forward", lambda self, *a: 1.01 * forward(self, *a))
+    model = tiny_model()
+    with pytest.raises(ParityCheckFailed, match="energy"):
+        mlip_accel.accelerate(model, backend="reference")
+    assert _unchanged(model)
+    # check=False trusts the caller
+    mlip_accel.accelerate(model, backend="reference", check=False)
+    assert mace_patch.is_accelerated(model)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_parity_cuda_backend(dtype, structures):
+    plain = tiny_model(block="RealAgnosticResidualInteractionBlock", first_block="RealAgnosticInteractionBlock",
+                       dtype=dtype).cuda()
+    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="cuda")
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch_for(plain, structures).items()}
+    tol = TOLERANCE["float64" if dtype == torch.float64 else "float32"]
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), tol)
+    out = evaluate(fast, batch, training=True)
+    (out["forces"] ** 2).sum().backward()  # the double backward runs on the GPU too
