@@ -32,8 +32,8 @@ def tiny_model(model_dtype: str = "float64", l_max: int = 1, num_layers: int = 2
         per_type_energy_scales={"Cu": 0.6, "Ag": 0.5}, compile_mode=compile_mode)
 
 
-def emt_structures(count: int = 2, seed: int = 0):
-    """Rattled, strained fcc CuAg cells (8 atoms) labelled by ASE's EMT."""
+def emt_structures(count: int = 2, seed: int = 0, alloy: bool = True):
+    """Rattled, strained fcc Cu (``alloy``: CuAg) cells of 8 atoms, labelled by ASE's EMT."""
     import numpy as np
     from ase.build import bulk
     from ase.calculators.emt import EMT
@@ -42,7 +42,8 @@ def emt_structures(count: int = 2, seed: int = 0):
     frames = []
     for _ in range(count):
         atoms = bulk("Cu", "fcc", a=3.7, cubic=True).repeat((2, 1, 1))
-        atoms.symbols[rng.choice(len(atoms), 3, replace=False)] = "Ag"
+        if alloy:
+            atoms.symbols[rng.choice(len(atoms), 3, replace=False)] = "Ag"
         strain = np.eye(3) + 0.02 * rng.uniform(-1, 1, (3, 3))
         atoms.set_cell(atoms.cell @ strain, scale_atoms=True)
         atoms.positions += rng.normal(0, 0.1, atoms.positions.shape)
@@ -51,13 +52,13 @@ def emt_structures(count: int = 2, seed: int = 0):
     return frames
 
 
-def batch(frames, r_max: float = R_MAX):
+def batch(frames, r_max: float = R_MAX, type_names=TYPE_NAMES):
     """The frames as one batched nequip data dict with neighbour lists."""
     from nequip.data import AtomicDataDict, compute_neighborlist_, from_ase
     from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper
 
-    mapper = ChemicalSpeciesToAtomTypeMapper(model_type_names=list(TYPE_NAMES),
-                                             chemical_species_to_atom_type_map={t: t for t in TYPE_NAMES})
+    mapper = ChemicalSpeciesToAtomTypeMapper(model_type_names=list(type_names),
+                                             chemical_species_to_atom_type_map={t: t for t in type_names})
     data = [compute_neighborlist_(mapper(from_ase(a)), r_max) for a in frames]
     return AtomicDataDict.batched_from_list(data)
 

@@ -12,7 +12,8 @@ For inference use ``mlip_accel.accelerate(model_or_calculator)``. ``example/`` h
 and the script that generates its dataset.
 """
 from .modifier import MODIFIER_NAME, register
+from .probe import ParityCheckFailed
 
 register()
 
-__all__ = ["MODIFIER_NAME", "register"]
+__all__ = ["MODIFIER_NAME", "ParityCheckFailed", "register"]
