@@ -56,8 +56,23 @@ def test_parity_fp64_converted_from_fp32(structures):
     # e3nn keeps float32-rounded CG constants after .double(): the reference itself is float32-accurate there
     plain = tiny_model(dtype=torch.float32).double()
     fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")  # the self-check passes
+    converted_after = mlip_accel.accelerate(tiny_model(dtype=torch.float32), backend="reference").double()
+    assert mace_patch.is_accelerated(converted_after)
     batch = batch_for(plain, structures)
-    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64_from_float32"])
+    reference = evaluate(plain, batch)
+    assert_close(evaluate(fast, batch), reference, TOLERANCE["float64_from_float32"])
+    assert_close(evaluate(converted_after, batch), reference, TOLERANCE["float64_from_float32"])
+
+
+def test_self_check_tolerance_follows_how_the_model_was_built():
+    from mlip_accel.patches import mace_probe
+
+    def rtol(model):
+        return mace_probe.tolerance(model, [m.conv_tp for m in model.interactions])
+
+    assert rtol(tiny_model(dtype=torch.float64)) == mace_probe.RTOL_FLOAT64
+    assert rtol(tiny_model(dtype=torch.float32)) == mace_probe.RTOL_FLOAT32
+    assert rtol(tiny_model(dtype=torch.float32).double()) == mace_probe.RTOL_FLOAT64_ROUNDED_CG
 
 
 def test_parity_multihead(structures):

@@ -90,3 +90,11 @@ def test_refuses_cueq_and_oeq_options(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--enable_oeq" in err and "replaces MACE's convolution" in err
+
+
+def test_refuses_the_torchscript_model_training_writes(runs):
+    import mlip_accel
+
+    compiled = torch.jit.load(str(runs["plain"] / "tiny_compiled.model"))
+    with pytest.raises(mlip_accel.NotAcceleratable, match="TorchScript-compiled"):
+        mlip_accel.accelerate(compiled)

@@ -15,17 +15,17 @@ import torch
 # Outputs compared; "node_feats" holds every interaction's output, so a bad layer cannot hide.
 COMPARED = ("energy", "forces", "stress", "node_feats")
 
-# Relative tolerance of the check, max|accelerated - e3nn| <= RTOL * max|e3nn| per output:
-#   float32: both sides round at float32 (~6e-8) through a dozen layers and different summation orders;
-#            measured differences are ~1e-6, and a real mismatch (a wrong path, weight layout or
-#            normalisation) changes outputs by O(1e-1) and more.
-#   float64 with exact e3nn constants (model built under float64, as MACE's training does): ~1e-14 measured.
-#   float64 with float32-rounded e3nn constants (model built in float32, then .double()): the e3nn reference
-#            itself is only float32-accurate in its Clebsch-Gordan coefficients (rel. ~3e-8), ours are exact,
-#            measured differences ~1e-7; so the check is held to the float32 tolerance.
+# Relative tolerance of the check, max|accelerated - e3nn| <= RTOL * max|e3nn| per output. A real mismatch
+# (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more. Measured on tiny
+# models of all six interaction blocks (tests/test_mace_accelerate.py):
+#   float32: both sides round at float32 through a dozen layers, summing in different orders: <= 3e-6.
+#   float64, model built under float64 (as MACE's training does; e3nn's constants exact): <= 1e-13.
+#   float64, model built under float32 then .double() (e3nn 0.4.4 keeps the Clebsch-Gordan buffers it
+#            computed in float32, rel. error up to 6e-8, while ours are exact): <= 2e-10 measured; the
+#            bound is set from the constants' error, not from the measurement, with a 15x margin.
 RTOL_FLOAT32 = 1e-4
 RTOL_FLOAT64 = 1e-9
-RTOL_FLOAT64_ROUNDED_CG = RTOL_FLOAT32
+RTOL_FLOAT64_ROUNDED_CG = 1e-6
 
 
 class ParityCheckFailed(RuntimeError):
