@@ -108,6 +108,10 @@ def test_edges_sorted_once_per_forward_pass(structures, monkeypatch):
     data["edge_index"][:, :2] = data["edge_index"][:, :2].flip(1)  # in place: the cache must notice
     model(data)
     assert len(calls) == 4
+    twin = copy.deepcopy(model)  # a copy gets its own shared sort, empty, still one for all its layers
+    assert len({id(m.edge_sort) for m in F.tensor_product_scatters(twin)}) == 1
+    twin(data)
+    assert len(calls) == 5
 
 
 def test_atomic_mode_does_not_sort(structures, monkeypatch):
@@ -129,6 +133,18 @@ def test_accelerate_twice_is_a_no_op(structures):
     assert mlip_accel.accelerate(model) is model
     assert all(a is b for a, b in zip(layers, F.tensor_product_scatters(model)))
     F.assert_same_outputs(F.evaluate(model, structures), before, "float64")
+
+
+def test_accelerate_again_with_other_options_rebuilds_and_checks(structures):
+    model = F.tiny_model()
+    want = F.evaluate(model, structures)
+    mlip_accel.accelerate(model, backend="reference")
+    first = F.tensor_product_scatters(model)
+    mlip_accel.accelerate(model, deterministic=False, backend="reference")
+    second = F.tensor_product_scatters(model)
+    assert all(a is not b and a.tp is b.tp for a, b in zip(first, second))
+    assert all(m.options == {"deterministic": False, "backend": "reference"} for m in second)
+    F.assert_same_outputs(F.evaluate(model, structures), want, "float64")
 
 
 def test_calculator_accelerated_in_place():

@@ -89,11 +89,11 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
 
     Returns ``obj`` itself. ``check=True`` compares the model before and after on a probe (see
     :mod:`mlip_accel.integrations.nequip.probe`) and, on a mismatch, restores the original layers and
-    raises ``ParityCheckFailed``. Applying it again is a no-op (other options only update the layers).
+    raises ``ParityCheckFailed``. Applying it again is a no-op; with other options the accelerated layers
+    are rebuilt with them (and checked again).
     """
     from ..integrations.nequip import probe
-    from ..integrations.nequip.tp_scatter import (check_options, is_tensor_product_scatter,
-                                                  swap_tensor_product_scatters, undo)
+    from ..integrations.nequip.tp_scatter import apply, check_options, plan_swaps, undo
 
     check_options(deterministic, backend)
     if not isinstance(check, bool):
@@ -101,21 +101,21 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     model = obj.model if _is_calculator(obj) else obj
     _refuse_unless_acceleratable(model)
 
-    # reference outputs first, while the model is still the original
-    to_swap = check and any(is_tensor_product_scatter(m) for m in model.modules())
-    graph_models = [m for m in model.modules() if probe.is_graph_model(m)] if to_swap else []
-    references = [(m, probe.probe_structure(m)) for m in graph_models]
+    swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
+    if not (check and swaps):
+        apply(swaps)
+        return obj
+    # reference outputs first, while the model is still as it was
+    references = [(m, probe.probe_structure(m)) for m in model.modules() if probe.is_graph_model(m)]
     references = [(m, data, probe.evaluate(m, data)) for m, data in references]
     names = {id(m): name for name, m in model.named_modules()}
-
-    swaps = swap_tensor_product_scatters(model, deterministic=deterministic, backend=backend)
-    if check and swaps:
-        try:
-            for s in swaps:
-                probe.check_layer(s.old, s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
-            for m, data, before in references:
-                probe.compare_outputs(before, probe.evaluate(m, data), m.model_dtype, where=type(m).__name__)
-        except BaseException:
-            undo(swaps)  # never hand back a model whose results changed
-            raise
+    apply(swaps)
+    try:
+        for s in swaps:
+            probe.check_layer(s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
+        for m, data, before in references:
+            probe.compare_outputs(before, probe.evaluate(m, data), m.model_dtype, where=type(m).__name__)
+    except BaseException:
+        undo(swaps)  # never hand back a model whose results changed
+        raise
     return obj

@@ -38,10 +38,11 @@ def _enable_mlip_accel(cls, model, deterministic: bool = True, backend: str = "a
         backend (str): ``auto`` (CUDA kernels for CUDA tensors when CuPy works, else the PyTorch
             reference), ``cuda`` or ``reference``. On CPU only the reference runs: correct, not faster.
     """
-    from .tp_scatter import swap_tensor_product_scatters
+    from .tp_scatter import apply, plan_swaps
 
     check_supported(model)
-    swaps = swap_tensor_product_scatters(model, deterministic=deterministic, backend=backend)
+    swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
+    apply(swaps)
     # a visible line in nequip-train's log: the acceleration is on (or was already)
     logger.info(f"{MODIFIER_NAME}: {len(swaps)} TensorProductScatter layer(s) switched to mlip_accel's fused "
                 f"convolution (deterministic={deterministic}, backend={backend!r})")

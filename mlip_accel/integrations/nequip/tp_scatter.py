@@ -10,17 +10,17 @@ import dataclasses
 
 import torch
 from nequip.nn._tp_scatter_base import TensorProductScatter
+from torch._subclasses.fake_tensor import is_fake
 
 from ...graph import EdgeGraph, sort_edges
 from ...modules import TensorProductConv
 from ...ops.backends import check_backend_name
 
 
-def _tracing(t: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():
-        return True
-    from torch._subclasses.fake_tensor import is_fake
-    return is_fake(t)
+def _uncacheable(t: torch.Tensor) -> bool:
+    # Under tracing (torch.compile, export) there is no storage to key on. Inference tensors have no
+    # version counter, so an in-place update of a reused edge buffer could not be noticed.
+    return torch.compiler.is_compiling() or is_fake(t) or t.is_inference()
 
 
 def _identity(t: torch.Tensor) -> tuple:
@@ -36,15 +36,15 @@ class SharedEdgeSort:
 
     Every interaction block receives the same ``edge_index`` tensor within a forward pass, so the first
     layer sorts it and the others find the result here. A new edge list (next MD step, next batch)
-    misses the one-entry cache and is sorted once again. Under tracing (torch.compile / export) each
-    layer sorts for itself: the compiler sees identical subexpressions and there is no storage to key on.
+    misses the one-entry cache and is sorted once again. Under tracing (torch.compile / export) and for
+    inference-mode tensors each layer sorts for itself (correct, only slower).
     """
 
     def __init__(self):
         self._entry = None  # (key, (edge_dst, edge_src), graph), replaced as one tuple: thread-safe reads
 
     def graph(self, edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> EdgeGraph:
-        if _tracing(edge_dst):
+        if _uncacheable(edge_dst) or _uncacheable(edge_src):
             return sort_edges(edge_dst, edge_src, num_nodes)
         key = (_identity(edge_dst), _identity(edge_src), num_nodes)
         entry = self._entry
@@ -53,9 +53,6 @@ class SharedEdgeSort:
         graph = sort_edges(edge_dst, edge_src, num_nodes)
         self._entry = (key, (edge_dst, edge_src), graph)
         return graph
-
-    def clear(self) -> None:
-        self._entry = None
 
     def __getstate__(self):  # a pickled or deep-copied model starts with an empty cache
         return {"_entry": None}
@@ -80,9 +77,9 @@ class MlipAccelTensorProductScatter(TensorProductScatter):
         self.conv = TensorProductConv.from_e3nn(old.tp, backend=backend, deterministic=deterministic)
         self.edge_sort = edge_sort
 
-    def configure(self, deterministic: bool, backend: str) -> None:
-        fresh = TensorProductConv.from_e3nn(self.tp, backend=backend, deterministic=deterministic)
-        self.conv = fresh
+    def with_options(self, deterministic: bool, backend: str) -> "MlipAccelTensorProductScatter":
+        """A copy of this layer with other options (same ``tp``, same shared edge sort)."""
+        return MlipAccelTensorProductScatter(self, self.edge_sort, deterministic=deterministic, backend=backend)
 
     @property
     def options(self) -> dict:
@@ -126,28 +123,32 @@ class Swap:
     new: torch.nn.Module
 
 
-def swap_tensor_product_scatters(root: torch.nn.Module, deterministic: bool = True,
-                                 backend: str = "auto") -> list[Swap]:
-    """Replace every plain ``TensorProductScatter`` under ``root``; all replacements share one edge sort.
+def plan_swaps(root: torch.nn.Module, deterministic: bool = True, backend: str = "auto") -> list[Swap]:
+    """The swaps accelerating ``root`` (nothing changed yet): every plain ``TensorProductScatter`` gets a
+    fused replacement, all sharing one edge sort.
 
-    Layers already accelerated are left in place, with their options updated if they differ.
+    Layers already accelerated stay as they are when their options agree, else get a copy with these
+    options. An empty list means there is nothing to do.
     """
     check_options(deterministic, backend)
+    options = {"deterministic": deterministic, "backend": backend}
     edge_sort = SharedEdgeSort()
     swaps, replacement = [], {}  # one replacement per module, even if it is reachable twice
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
-            if is_accelerated(child):
-                if child.options != {"deterministic": deterministic, "backend": backend}:
-                    child.configure(deterministic, backend)
-            elif is_tensor_product_scatter(child):
-                if id(child) not in replacement:
-                    replacement[id(child)] = MlipAccelTensorProductScatter(
-                        child, edge_sort, deterministic=deterministic, backend=backend)
+            if id(child) not in replacement:
+                if is_accelerated(child) and child.options != options:
+                    replacement[id(child)] = child.with_options(**options)
+                elif is_tensor_product_scatter(child):
+                    replacement[id(child)] = MlipAccelTensorProductScatter(child, edge_sort, **options)
+            if id(child) in replacement:
                 swaps.append(Swap(parent, name, child, replacement[id(child)]))
+    return swaps
+
+
+def apply(swaps: list[Swap]) -> None:
     for s in swaps:
         s.parent._modules[s.name] = s.new
-    return swaps
 
 
 def undo(swaps: list[Swap]) -> None:
