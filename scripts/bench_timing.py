@@ -1,0 +1,132 @@
+"""GPU timing helpers for the benchmarks (the method of the device docs' METHOD.md).
+
+- every timed call runs between two CUDA events on the current stream, after the L2 cache was flushed by
+  overwriting a buffer twice its size, so no call reads its inputs from the previous call's cache;
+- warm-up calls first (module load, JIT compilation, autotuning, allocator growth stay out);
+- the median of several calls, their number adapted to the cost of one call (at least ``min_reps``
+  unless one call is slow, at most ``max_reps``, about ``target_s`` of work in all);
+- peak memory: the allocator's high-water mark above what was allocated before the call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+@dataclasses.dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    reps: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class TimingPolicy:
+    target_s: float = 0.5  # timed work per measurement
+    min_reps: int = 5
+    max_reps: int = 50
+    slow_call_s: float = 1.0  # a call slower than this is timed 2 times only
+    warmup: int = 2
+
+
+QUICK_POLICY = TimingPolicy(target_s=0.15, min_reps=3, max_reps=10, slow_call_s=0.5, warmup=1)
+
+
+class L2Flusher:
+    """Overwrites a buffer of twice the L2 size: whatever the next call reads comes from HBM.
+
+    On a CPU device (the smoke test) it does nothing and times are host wall times.
+    """
+
+    def __init__(self, device="cuda"):
+        self.device = torch.device(device)
+        self.buffer = None
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            size = max(2 * int(getattr(props, "L2_cache_size", 0) or 0), 64 << 20)
+            self.buffer = torch.empty(size, dtype=torch.uint8, device=self.device)
+
+    def __call__(self):
+        if self.buffer is not None:
+            self.buffer.fill_(0x5A)
+
+    def synchronize(self):
+        if self.buffer is not None:
+            torch.cuda.synchronize(self.device)
+
+
+def _timed_once(fn: Callable[[], object], flush: L2Flusher) -> float:
+    flush()
+    if flush.buffer is None:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
+def time_cuda(fn: Callable[[], object], flush: L2Flusher, policy: TimingPolicy = TimingPolicy()) -> Timing:
+    """Median wall time on the GPU of ``fn()`` (which must only enqueue work on the current stream)."""
+    for _ in range(max(policy.warmup, 1)):
+        t0 = time.perf_counter()
+        fn()
+        flush.synchronize()
+        if time.perf_counter() - t0 > policy.slow_call_s:
+            break  # a very slow call: one warm-up is enough
+    estimate = _timed_once(fn, flush)
+    if estimate > policy.slow_call_s * 1e3:
+        reps = 1
+    else:
+        reps = min(policy.max_reps, max(policy.min_reps, math.ceil(policy.target_s * 1e3 / max(estimate, 1e-3))))
+    times = [estimate] + [_timed_once(fn, flush) for _ in range(reps)]
+    return Timing(median_ms=statistics.median(times), min_ms=min(times), reps=len(times))
+
+
+def peak_memory_mb(fn: Callable[[], object], device="cuda") -> float | None:
+    """High-water mark of the caching allocator during ``fn()``, above what was allocated before, in MiB
+    (None on a CPU device)."""
+    if torch.device(device).type != "cuda":
+        fn()
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del result
+    return peak / 2**20
+
+
+def copy_bandwidth_gbps(nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy rate counting bytes read plus bytes written (the memory roofline's rate)."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (statistics.median(times) * 1e-3) / 1e9

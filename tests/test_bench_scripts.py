@@ -1,0 +1,173 @@
+"""CPU smoke tests of the benchmark scripts: graph builders, layout maps, roofline bytes, the report, and
+one tiny end-to-end run of bench_kernels.py on the CPU (no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_graphs  # noqa: E402
+import bench_kernels  # noqa: E402
+import bench_peers  # noqa: E402
+import bench_report  # noqa: E402
+
+
+def _pairs(dst, src):
+    return sorted(zip(dst.tolist(), src.tolist()))
+
+
+def _check_graph(g: bench_graphs.Graph):
+    assert g.edge_dst.dtype == g.edge_src.dtype == torch.int64
+    assert g.edge_vec.shape == (g.num_edges, 3)
+    dist = g.edge_vec.norm(dim=1)
+    assert float(dist.max()) < g.cutoff and float(dist.min()) > 0.5  # no self pairs, no overlaps
+    # sorted by receiver then sender, as CSR kernels want
+    key = g.edge_dst * g.num_nodes + g.edge_src
+    assert bool((key[1:] >= key[:-1]).all())
+    # symmetric: (i, j, v) has its (j, i, -v)
+    fwd = {(i, j, tuple(round(c, 6) for c in v)) for i, j, v in
+           zip(g.edge_dst.tolist(), g.edge_src.tolist(), g.edge_vec.tolist())}
+    back = {(j, i, tuple(round(-c, 6) + 0.0 for c in v)) for i, j, v in
+            zip(g.edge_dst.tolist(), g.edge_src.tolist(), g.edge_vec.tolist())}
+    assert {(a, b, tuple(c + 0.0 for c in v)) for a, b, v in fwd} == back
+
+
+def test_diamond_periodic_graph_has_158_neighbours_per_atom():
+    g = bench_graphs.build_graph("carbon-2c")
+    assert g.num_nodes == 64 and g.num_edges == 64 * 158
+    _check_graph(g)
+    # a single cell (box smaller than the cutoff) sees the same shells through its periodic images
+    one = bench_graphs.carbon_graph(1)
+    assert one.num_nodes == 8 and one.num_edges == 8 * 158
+    _check_graph(one)
+
+
+def test_diamond_graph_matches_ase_neighbour_list():
+    ase = pytest.importorskip("ase")
+    from ase.neighborlist import neighbor_list
+
+    g = bench_graphs.carbon_graph(2)
+    atoms = ase.Atoms("C" * g.num_nodes, positions=g.positions.numpy(), cell=g.cell.numpy(), pbc=True)
+    i, j, d = neighbor_list("ijd", atoms, g.cutoff)
+    assert _pairs(g.edge_dst, g.edge_src) == sorted(zip(i.tolist(), j.tolist()))
+    assert sorted(g.edge_vec.norm(dim=1).tolist()) == pytest.approx(sorted(d.tolist()), abs=1e-9)
+
+
+def test_small_molecule_is_an_open_32_atom_cluster():
+    g = bench_graphs.build_graph("small-molecule")
+    assert g.num_nodes == 32 and g.cell is None and g.cutoff == 5.0
+    _check_graph(g)
+    full = torch.cdist(g.positions, g.positions)
+    assert g.num_edges == int(((full < 5.0) & (full > 0)).sum())
+
+
+def test_graph_builders_reject_bad_input():
+    with pytest.raises(ValueError, match="unknown graph"):
+        bench_graphs.build_graph("carbon-2k")
+    with pytest.raises(ValueError, match="cutoff"):
+        bench_graphs.radius_graph(torch.zeros(4, 3, dtype=torch.float64), 0.0)
+    with pytest.raises(ValueError, match="reps"):
+        bench_graphs.diamond_positions(0)
+
+
+def test_ir_mul_layout_map_and_its_inverse():
+    perm = bench_peers.ir_mul_perm("1x0e+2x1o", "cpu")
+    # mul_ir [a | b0x b0y b0z b1x b1y b1z] -> ir_mul [a | b0x b1x b0y b1y b0z b1z]
+    assert perm.tolist() == [0, 1, 4, 2, 5, 3, 6]
+    prep = bench_peers.Prepared("test", call=None, x_perm=perm, out_perm=perm)
+    t = torch.randn(3, 7)
+    assert torch.equal(prep.out_to_e3nn(prep.grad_out_from_e3nn(t)), t)
+    gx, _, _ = prep.grads_to_e3nn(prep.inputs_from_e3nn(t, None, None)[0], None, None)
+    assert torch.equal(gx, t)
+
+
+def test_roofline_bytes_count_each_tensor_once():
+    b = bench_kernels._floor_bytes(n=10, e=100, d1=3, d2=2, do=5, wn=7, itemsize=4)
+    x, y, w, out = 30, 200, 700, 50
+    assert b == {"fwd": 4 * (x + y + w + out), "bwd": 4 * (2 * (x + y + w) + out),
+                 "dbl": 4 * (3 * (x + y + w) + 2 * out)}
+
+
+def _fake_results():
+    def rec(impl, times, status="ok"):
+        r = {"problem": "p", "graph": "carbon-1k", "dtype": "float32", "impl": impl, "label": bench_peers.LABELS[impl],
+             "status": status}
+        if status == "ok":
+            r.update(err_fwd=1e-7, err_bwd=2e-7, setup_s=0.5, note="backend=cuda",
+                     directions={d: {"median_ms": t, "min_ms": t, "reps": 5, "peak_mb": 10.0}
+                                 for d, t in zip(("fwd", "bwd", "dbl"), times)})
+        else:
+            r["reason"] = "cuequivariance is not installed"
+        return r
+
+    return {"meta": {"device": "GPU", "copy_bandwidth_gbps": 1000.0, "versions": {"torch": "x"}},
+            "graphs": {"carbon-1k": {"num_nodes": 1000, "num_edges": 158000}},
+            "shapes": {"p|carbon-1k|float32": {"floor_bytes": {"fwd": 1e9, "bwd": 2e9, "dbl": 3e9}}},
+            "results": [rec("mlip_accel-det", (1.0, 2.0, 4.0)), rec("e3nn", (10.0, 20.0, 40.0)),
+                        rec("oeq-det", (2.0, 3.0, 4.0)), rec("cueq-uniform_1d", (), status="unavailable")],
+            "compile": []}
+
+
+def test_report_ratios_roofline_and_readme_section(tmp_path):
+    data = _fake_results()
+    bench_report.add_rooflines(data)
+    det = next(r for r in data["results"] if r["impl"] == "mlip_accel-det")
+    assert det["directions"]["fwd"]["floor_ms"] == pytest.approx(1.0)  # 1e9 B at 1000 GB/s
+    assert det["directions"]["fwd"]["roofline_frac"] == pytest.approx(1.0)
+    idx = bench_report._index(data)
+    assert bench_report._speedups(idx, "p", "carbon-1k", "float32", "mlip_accel-det", "e3nn") == "10.00 / 10.00 / 10.00"
+    assert bench_report._speedups(idx, "p", "carbon-1k", "float32", "mlip_accel-det", None) == "2.00 / 1.50 / 1.00"
+    md = bench_report.kernels_md(data)
+    assert "not run (cuequivariance is not installed)" in md and "| p | *memory floor* | 1 | 2 | 3 |" in md
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Benchmarks\n{bench_report.README_START}\nold\n{bench_report.README_END}\ntail\n")
+    assert bench_report.rewrite_readme_section(bench_report.readme_block(data), readme)
+    text = readme.read_text()
+    assert "old" not in text and "| carbon-1k | float32 | p | 1 / 2 / 4 | 2 OEQ-det / 3 OEQ-det / 4 OEQ-det" in text
+    assert text.endswith("tail\n")
+
+    merged = bench_report.merge([data, {**data, "results": [dict(det, status="error", reason="x")]}])
+    assert next(r for r in merged["results"] if r["impl"] == "mlip_accel-det")["status"] == "error"
+
+
+def test_problems_file_resolution_and_argument_checks(tmp_path):
+    assert bench_kernels.problems_path().name == "problems.json"
+    assert bench_kernels.problems_path(str(tmp_path / "p.json")) == tmp_path / "p.json"
+    args = bench_kernels.parse_args(["--quick"])
+    assert args.graphs == ["carbon-1k"] and args.dtypes == ["float32"] and args.directions == ["fwd", "bwd", "dbl"]
+    args = bench_kernels.parse_args(["--directions", "forward,dbl", "--graphs", "carbon-3c"])
+    assert args.directions == ["fwd", "dbl"] and args.graphs == ["carbon-3c"]
+    with pytest.raises(SystemExit):
+        bench_kernels.parse_args(["--impls", "nope"])
+    with pytest.raises(SystemExit):
+        bench_kernels.parse_args(["--graphs", "carbon-2k"])
+
+
+def test_bench_kernels_runs_end_to_end_on_cpu(tmp_path):
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps({"problems": [
+        {"name": "tiny", "in1": "2x0e+2x1o", "in2": "0e+1o", "target": "2x0e+2x1o+2x1e"}]}))
+    out = tmp_path / "out"
+    rc = bench_kernels.main(["--device", "cpu", "--inprocess", "--quick", "--problems", str(problems),
+                             "--graphs", "small-molecule", "--directions", "fwd,bwd", "--out", str(out),
+                             "--impls", "mlip_accel-atomic,e3nn,cueq-uniform_1d,oeq-det"])
+    assert rc == 0
+    data = json.loads((out / "kernels.json").read_text())
+    by_impl = {r["impl"]: r for r in data["results"]}
+    for impl in ("mlip_accel-atomic", "e3nn"):
+        rec = by_impl[impl]
+        assert rec["status"] == "ok", rec
+        assert rec["err_fwd"] < 1e-5 and rec["err_bwd"] < 1e-5
+        assert set(rec["directions"]) == {"fwd", "bwd"}
+        assert all(d["median_ms"] > 0 for d in rec["directions"].values())
+    assert by_impl["mlip_accel-atomic"]["note"].startswith("backend=reference")
+    for impl in ("cueq-uniform_1d", "oeq-det"):
+        assert by_impl[impl]["status"] == "unavailable" and by_impl[impl]["reason"]
+    assert "tiny" in (out / "kernels.md").read_text()
