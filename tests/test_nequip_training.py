@@ -111,6 +111,20 @@ def test_package_round_trip(runs, structures):
                           "float64")
 
 
+def test_fine_tuning_config_from_package(runs, structures):
+    # what nequip-train does with `model: {_target_: nequip.model.modify, modifiers: [...], model: {...}}`
+    from nequip.model import ModelFromPackage, modify
+
+    package = str(runs["package"])
+    flag = [{"modifier": "enable_MlipAccel"}]
+    with pytest.raises(RuntimeError, match="not a registered model modifier"):
+        modify({"_target_": "nequip.model.ModelFromPackage", "package_path": package}, flag)  # nequip's loader
+    model = modify({"_target_": "mlip_accel.integrations.nequip.ModelFromPackage", "package_path": package}, flag)
+    assert all(isinstance(m, MlipAccelTensorProductScatter) for m in F.tensor_product_scatters(model))
+    F.assert_same_outputs(F.evaluate(model["sole_model"], structures),
+                          F.evaluate(ModelFromPackage(package)["sole_model"], structures), "float64")
+
+
 def test_calculator_from_package(runs):
     from nequip.integrations.ase import NequIPCalculator
 

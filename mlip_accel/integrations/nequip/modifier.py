@@ -6,6 +6,7 @@ means adding one to ``TensorProductScatter``. Importing this module stays cheap 
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 logger = logging.getLogger(__name__)
@@ -49,17 +50,37 @@ def _enable_mlip_accel(cls, model, deterministic: bool = True, backend: str = "a
     return model
 
 
-def register() -> None:
-    """Attach ``enable_MlipAccel`` to ``TensorProductScatter`` (idempotent)."""
-    from nequip.nn._tp_scatter_base import TensorProductScatter
+@functools.lru_cache(maxsize=None)
+def _modifier() -> classmethod:
+    # one decorated classmethod, shared by every class it is attached to (nequip checks that modifiers
+    # found under one name are the same)
     from nequip.nn.model_modifier_utils import model_modifier
 
-    if MODIFIER_NAME in TensorProductScatter.__dict__:
-        return
-    modifier = model_modifier(
+    return model_modifier(
         persistent=False,  # an acceleration: same outputs, so never baked into a package
         private=False,
         unsupported_devices=[],  # runs everywhere; on CPU it is the (slower) PyTorch reference
         supported_compile_modes=[],  # neither torchscript nor aotinductor (see check_supported)
     )(classmethod(_enable_mlip_accel))
-    setattr(TensorProductScatter, MODIFIER_NAME, modifier)
+
+
+def register() -> None:
+    """Attach ``enable_MlipAccel`` to nequip's ``TensorProductScatter`` (idempotent)."""
+    from nequip.nn._tp_scatter_base import TensorProductScatter
+
+    if MODIFIER_NAME not in TensorProductScatter.__dict__:
+        setattr(TensorProductScatter, MODIFIER_NAME, _modifier())
+
+
+def register_in(model) -> None:
+    """Attach ``enable_MlipAccel`` to the ``TensorProductScatter`` classes of a package file's own nequip.
+
+    ``import nequip`` registers the modifier on the installed nequip only; a model loaded from a
+    ``nequip-package`` file is built from the package's copy, whose class needs it too before
+    ``nequip.model.modify`` can find it.
+    """
+    from .tp_scatter import is_tensor_product_scatter
+
+    for cls in {type(m) for m in model.modules() if is_tensor_product_scatter(m)}:
+        if MODIFIER_NAME not in cls.__dict__:
+            setattr(cls, MODIFIER_NAME, _modifier())
