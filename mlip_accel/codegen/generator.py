@@ -1,0 +1,419 @@
+"""CUDA source for one (problem, dtype, direction, variant): plain data in, source text out, no GPU.
+
+The kernel skeleton lives in ``templates/`` (walk.cu: the segmented walk over a permuted edge list,
+phase.cu: one phase of it, fixup.cu: the second pass of the deterministic variant). This module fills in
+the per-edge body of each phase from the schedule (schedule.py) and the CG nonzero stream (nonzeros.py).
+
+Forward and backward are the same walk: the forward accumulates ``out`` by receiver (``keys`` = dst,
+gathering x from ``others`` = src); the backward accumulates grad x by sender (``keys`` = src, gathering
+grad_z from ``others`` = dst) and writes grad y and grad w per edge. The batched tensor product is the
+degenerate walk where every edge is its own row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path as FilePath
+from string import Template
+
+from ..problem import TPProblem, irreps_str
+from . import nonzeros
+from .schedule import WARP, Phase, Schedule, accumulator_budget, build_schedule
+
+DIRECTIONS = ("forward", "backward")
+VARIANTS = ("tp", "det", "atomic")  # batched TP, deterministic conv (CSR + fixup), atomic conv
+SCALARS = {"float32": "float", "float64": "double"}
+MAX_DIM_IN2 = 128  # y of one edge is held in registers
+MAX_MUL_IN2 = 16  # v of uvu is unrolled
+BLOCK_THREADS = 128
+
+_TEMPLATES = FilePath(__file__).parent / "templates"
+
+
+@functools.lru_cache(maxsize=None)
+def _template(name: str) -> Template:
+    return Template((_TEMPLATES / name).read_text())
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    problem: TPProblem
+    dtype: str  # "float32" | "float64"
+    direction: str  # "forward" | "backward"
+    variant: str  # "tp" | "det" | "atomic"
+    need: tuple[bool, bool, bool] = (True, True, True)  # backward: which of grad x, y, w
+    budget_regs: int = 64  # accumulator registers per lane (schedule.py)
+
+    def __post_init__(self):
+        if self.dtype not in SCALARS:
+            raise ValueError(f"dtype must be one of {tuple(SCALARS)}, got {self.dtype!r}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        need = tuple(bool(n) for n in self.need)
+        if self.direction == "forward":
+            need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal
+        elif not any(need):
+            raise ValueError("a backward kernel must compute at least one gradient (need is all False)")
+        object.__setattr__(self, "need", need)
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether the walk keeps per-row accumulators (the forward always; the backward for grad x)."""
+        return self.direction == "forward" or self.need[0]
+
+    @property
+    def name(self) -> str:
+        flags = "" if self.direction == "forward" else "_" + "".join(
+            c for c, n in zip("xyw", self.need) if n)
+        kind = "tp" if self.variant == "tp" else f"conv_{self.variant}"
+        return f"mla_{kind}_{self.direction[:3]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedModule:
+    spec: KernelSpec
+    source: str
+    walk_kernel: str
+    fixup_kernel: str | None  # det variant with accumulators only
+    schedule: Schedule
+    acc_width: int  # columns of the accumulated rows (D_OUT forward, D_IN1 backward)
+    gy_partials: int  # 0: no grad y; 1: written directly; >1: one partial per phase, summed afterwards
+
+    @property
+    def num_phases(self) -> int:
+        return len(self.schedule.phases)
+
+
+def unsupported_reason(problem: TPProblem) -> str | None:
+    """None when the generated kernels implement ``problem``, else why not (the backend then falls back)."""
+    if problem.shared_weights and problem.weight_numel > 0:
+        return "shared (not per-edge) weights are not implemented by the CUDA kernels"
+    for n, p in enumerate(problem.paths):
+        if p.mode != "uvu":
+            return f"path {n} has connection mode {p.mode!r}; the CUDA kernels implement 'uvu' only"
+        mul2 = problem.irreps_in2[p.i_in2][0]
+        if mul2 > MAX_MUL_IN2:
+            return f"path {n} has multiplicity {mul2} in irreps_in2 (the CUDA kernels unroll at most {MAX_MUL_IN2})"
+    if problem.dim_in2 > MAX_DIM_IN2:
+        return f"dim(irreps_in2) = {problem.dim_in2} exceeds {MAX_DIM_IN2} (held in registers per edge)"
+    return None
+
+
+# --- small emission helpers ------------------------------------------------------------------------------
+
+class _Lines:
+    def __init__(self, indent: int):
+        self.lines: list[str] = []
+        self.indent = indent
+
+    def __call__(self, text: str = "") -> None:
+        self.lines.append("  " * self.indent + text if text else "")
+
+    def block(self, opening: str = "", comment: str | None = None):
+        lines = self
+
+        class _Block:
+            def __enter__(self):
+                lines((opening + " {" if opening else "{") + (f"  // {comment}" if comment else ""))
+                lines.indent += 1
+
+            def __exit__(self, *exc):
+                lines.indent -= 1
+                lines("}")
+        return _Block()
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def _node_addr(row: str, offset: int, mul: int, width: int, u: str, i: int, layout: str) -> str:
+    """Address of element (u, i) of an irrep block in a node row: mul_ir (e3nn's) or ir_mul (transposed)."""
+    if layout == "mul_ir":
+        return f"{row} + {offset} + ({u}) * {width} + {i}" if width > 1 else f"{row} + {offset} + ({u})"
+    return f"{row} + {offset + i * mul} + ({u})"
+
+
+def _guarded(ok: str | None, expr: str) -> str:
+    return expr if ok is None else f"{ok} ? {expr} : T(0)"
+
+
+def _weight_expr(problem: TPProblem, path, v: int, u: str, ok: str | None) -> str:
+    if not path.has_weight:
+        return "T(1)"
+    mul2 = problem.irreps_in2[path.i_in2][0]
+    idx = f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
+    return _guarded(ok, f"ld_stream(we + {idx})")
+
+
+def _weight_index(problem: TPProblem, path, v: int, u: str) -> str:
+    mul2 = problem.irreps_in2[path.i_in2][0]
+    return f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
+
+
+def _y_name(problem: TPProblem, path, v: int):
+    base = problem.offsets_in2[path.i_in2] + v * (2 * problem.irreps_in2[path.i_in2][1] + 1)
+    return lambda j: f"y{base + j}"
+
+
+def _gy_name(problem: TPProblem, path, v: int):
+    base = problem.offsets_in2[path.i_in2] + v * (2 * problem.irreps_in2[path.i_in2][1] + 1)
+    return lambda j: f"gy{base + j}"
+
+
+def _used_y(problem: TPProblem, paths) -> list[int]:
+    used = set()
+    for p in paths:
+        mul2, l2, _ = problem.irreps_in2[p.i_in2]
+        base = problem.offsets_in2[p.i_in2]
+        for v in range(mul2):
+            used.update(base + v * (2 * l2 + 1) + j for _, j, _, _ in p.cg)
+    return sorted(used)
+
+
+def _lane_setup(L: _Lines, seg) -> tuple[str, str | None]:
+    u = f"{WARP * seg.chunk} + lane" if seg.chunk else "lane"
+    if seg.lanes < WARP:
+        L(f"const bool ok = lane < {seg.lanes};  // multiplicity not a multiple of 32: last chunk is partial")
+        return u, "ok"
+    return u, None
+
+
+# --- the phases ------------------------------------------------------------------------------------------
+
+class _PhaseEmitter:
+    def __init__(self, spec: KernelSpec, schedule: Schedule, phase_index: int):
+        self.spec = spec
+        self.p = spec.problem
+        self.phase = schedule.phases[phase_index]
+        self.index = phase_index
+        self.multi_phase = len(schedule.phases) > 1
+        self.layout = "mul_ir" if spec.variant == "tp" else "ir_mul"
+        self.seg_index = {(s.irrep, s.chunk): n for n, s in enumerate(self.phase.segments)}
+        self.acc_irreps = self.p.irreps_out if spec.direction == "forward" else self.p.irreps_in1
+        self.acc_offsets = self.p.offsets_out if spec.direction == "forward" else self.p.offsets_in1
+        side_of = (lambda path: path.i_out) if spec.direction == "forward" else (lambda path: path.i_in1)
+        # (path, chunks of its accumulated irrep that this phase holds)
+        self.work = []
+        for path in self.p.paths:
+            chunks = [s.chunk for s in self.phase.segments if s.irrep == side_of(path)]
+            if chunks:
+                self.work.append((path, chunks))
+
+    def segment(self, irrep: int, chunk: int):
+        n = self.seg_index[(irrep, chunk)]
+        return n, self.phase.segments[n]
+
+    # accumulators
+    def acc_names(self):
+        return [[f"acc{n}_{k}" for k in range(s.width)] for n, s in enumerate(self.phase.segments)]
+
+    def acc_decl(self, L: _Lines):
+        for names in self.acc_names():
+            L(f"T {', '.join(f'{a} = T(0)' for a in names)};")
+
+    def zero(self, L: _Lines):
+        for names in self.acc_names():
+            L(" ".join(f"{a} = T(0);" for a in names))
+
+    def flush(self, L: _Lines):
+        mode = self.spec.variant
+        if mode == "det":
+            L("T* dst = first ? fixup + warp * D_ACC : acc_out + row * D_ACC;")
+        else:
+            L("T* dst = acc_out + row * D_ACC;")
+        for n, s in enumerate(self.phase.segments):
+            mul = self.acc_irreps[s.irrep][0]
+            u = f"{WARP * s.chunk} + lane" if s.chunk else "lane"
+            cols = [_node_addr("dst", self.acc_offsets[s.irrep], mul, s.width, u, k, "mul_ir")
+                    for k in range(s.width)]
+            stores = [f"atomicAdd({c}, acc{n}_{k});" if mode == "atomic" else f"*({c}) = acc{n}_{k};"
+                      for k, c in enumerate(cols)]
+            if s.lanes < WARP:
+                L(f"if (lane < {s.lanes}) {{")
+                for st in stores:
+                    L("  " + st)
+                L("}")
+            else:
+                for st in stores:
+                    L(st)
+
+    # per-edge bodies
+    def load_y(self, L: _Lines):
+        L("const T* ye = y + e * D_IN2;")
+        for j in _used_y(self.p, [path for path, _ in self.work]):
+            L(f"const T y{j} = ld_keep(ye + {j});")
+        L("const T* we = w + e * W_NUMEL;")
+
+    def x_operands(self, L: _Lines, path, u: str, ok: str | None, row: str):
+        mul1, l1, _ = self.p.irreps_in1[path.i_in1]
+        off = self.p.offsets_in1[path.i_in1]
+        for i in range(2 * l1 + 1):
+            L(f"const T x{i} = {_guarded(ok, 'ld_keep(' + _node_addr(row, off, mul1, 2 * l1 + 1, u, i, self.layout) + ')')};")
+
+    def forward_body(self, L: _Lines):
+        self.load_y(L)
+        L("const T* xr = x + other * D_IN1;")
+        for path, chunks in self.work:
+            mul2, l2, _ = self.p.irreps_in2[path.i_in2]
+            l3 = self.p.irreps_out[path.i_out][1]
+            with L.block(comment=f"path {self.p.paths.index(path)}: {_path_str(self.p, path)}"):
+                for v in range(mul2):
+                    with L.block(comment=f"v = {v}" if mul2 > 1 else None):
+                        for line in nonzeros.emit_a(path, _y_name(self.p, path, v), self.spec.dtype):
+                            L(line)
+                        for c in chunks:
+                            n, seg = self.segment(path.i_out, c)
+                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
+                                u, ok = _lane_setup(L, seg)
+                                L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+                                self.x_operands(L, path, u, ok, "xr")
+                                for k in range(2 * l3 + 1):
+                                    t = nonzeros.x_times_a(path, lambda i: f"x{i}", k)
+                                    if t != "T(0)":
+                                        L(f"acc{n}_{k} += wv * ({t});")
+
+    def backward_body(self, L: _Lines):
+        need_x, need_y, need_w = self.spec.need
+        self.load_y(L)
+        L("const T* xr = x + key * D_IN1;")
+        L("const T* gr = gz + other * D_OUT;")
+        if need_w:
+            L("T* gwe = gw_out + e * W_NUMEL;")
+        if need_y:
+            L(f"T {', '.join(f'gy{j} = T(0)' for j in range(self.p.dim_in2))};")
+        for path, chunks in self.work:
+            mul1, l1, _ = self.p.irreps_in1[path.i_in1]
+            mul2, l2, _ = self.p.irreps_in2[path.i_in2]
+            mul3, l3, _ = self.p.irreps_out[path.i_out]
+            off3 = self.p.offsets_out[path.i_out]
+            supp = nonzeros.support(path)
+            with L.block(comment=f"path {self.p.paths.index(path)}: {_path_str(self.p, path)}"):
+                for v in range(mul2):
+                    with L.block(comment=f"v = {v}" if mul2 > 1 else None):
+                        for line in nonzeros.emit_a(path, _y_name(self.p, path, v), self.spec.dtype):
+                            L(line)
+                        if need_y:
+                            L(f"T {', '.join(f'm{i}_{k} = T(0)' for i, k in supp)};  // sum_u w x_i g_k")
+                        for c in chunks:
+                            n, seg = self.segment(path.i_in1, c)
+                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
+                                u, ok = _lane_setup(L, seg)
+                                L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+                                if need_y or (need_w and path.has_weight):
+                                    self.x_operands(L, path, u, ok, "xr")
+                                for k in range(2 * l3 + 1):
+                                    addr = _node_addr("gr", off3, mul3, 2 * l3 + 1, u, k, self.layout)
+                                    L(f"const T g{k} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
+                                if need_w and path.has_weight:
+                                    t = [nonzeros.x_times_a(path, lambda i: f"x{i}", k) for k in range(2 * l3 + 1)]
+                                    gw = " + ".join(f"g{k} * ({tk})" for k, tk in enumerate(t) if tk != "T(0)")
+                                    store = f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, {gw or 'T(0)'});"
+                                    L(store if ok is None else f"if ({ok}) {store}")
+                                if need_x:
+                                    for i in range(2 * l1 + 1):
+                                        s = nonzeros.a_times_g(path, lambda k: f"g{k}", i)
+                                        if s != "T(0)":
+                                            L(f"acc{n}_{i} += wv * ({s});")
+                                if need_y:
+                                    for i in sorted({i for i, _ in supp}):
+                                        L(f"const T wx{i} = wv * x{i};")
+                                    for i, k in supp:
+                                        L(f"m{i}_{k} += wx{i} * g{k};")
+                        if need_y:
+                            for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
+                                L(line)
+        if need_y:
+            L("// grad y: sum the lanes' partials over the warp")
+            for j in range(self.p.dim_in2):
+                L(f"gy{j} = warp_sum(gy{j});")
+            base = (f"gy_out + {self.index}LL * num_edges * D_IN2 + e * D_IN2" if self.multi_phase
+                    else "gy_out + e * D_IN2")
+            with L.block("if (lane == 0)"):
+                L(f"T* gye = {base};")
+                for j in range(self.p.dim_in2):
+                    L(f"gye[{j}] = gy{j};")
+
+    def emit(self) -> str:
+        spec = self.spec
+        accumulate = spec.accumulates
+        acc_decl, row_change, final_flush, body = _Lines(2), _Lines(4), _Lines(2), _Lines(4)
+        if accumulate:
+            self.acc_decl(acc_decl)
+            with row_change.block("if (key != row)"):
+                with row_change.block("if (row >= 0)"):
+                    self.flush(row_change)
+                    if spec.variant == "det":
+                        row_change("first = false;")
+                row_change("row = key;")
+                self.zero(row_change)
+            with final_flush.block("if (row >= 0)"):
+                self.flush(final_flush)
+        with body.block(""):
+            (self.forward_body if spec.direction == "forward" else self.backward_body)(body)
+        ordered = spec.variant == "det" and accumulate
+        return _template("phase.cu").substitute(
+            phase=self.index,
+            segments=_segments_str(self.acc_irreps, self.phase),
+            acc_decl=acc_decl.text(),
+            order_expr="order[qn]" if ordered else "qn",
+            key_expr="my_e" if spec.variant == "tp" else "keys[my_e]",
+            other_expr="my_e" if spec.variant == "tp" else "others[my_e]",
+            row_change=row_change.text(),
+            body=body.text(),
+            final_flush=final_flush.text(),
+        )
+
+
+def _path_str(p: TPProblem, path) -> str:
+    return (f"{irreps_str([p.irreps_in1[path.i_in1]])} x {irreps_str([p.irreps_in2[path.i_in2]])}"
+            f" -> {irreps_str([p.irreps_out[path.i_out]])} ({path.mode}, {len(path.cg)} CG nonzeros,"
+            f" path_weight folded in)")
+
+
+def _segments_str(irreps, phase: Phase) -> str:
+    """'irrep 3 (128x1o) channels 0-127, ...': consecutive chunks of one irrep merged."""
+    spans: list[list[int]] = []  # [irrep, first channel, end channel]
+    for s in phase.segments:
+        lo = WARP * s.chunk
+        if spans and spans[-1][0] == s.irrep and spans[-1][2] == lo:
+            spans[-1][2] = lo + s.lanes
+        else:
+            spans.append([s.irrep, lo, lo + s.lanes])
+    return ", ".join(f"#{i} {irreps_str([irreps[i]])} ch {a}-{b - 1}" for i, a, b in spans)
+
+
+def schedule_for(spec: KernelSpec) -> Schedule:
+    side = "out" if spec.direction == "forward" else "in1"
+    budget = accumulator_budget(spec.dtype, spec.budget_regs) if spec.accumulates else None
+    return build_schedule(spec.problem, side, budget)
+
+
+def generate(spec: KernelSpec) -> GeneratedModule:
+    reason = unsupported_reason(spec.problem)
+    if reason is not None:
+        raise NotImplementedError(reason)
+    p = spec.problem
+    schedule = schedule_for(spec)
+    phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
+    prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
+    acc_width = p.dim_out if spec.direction == "forward" else p.dim_in1
+    flush_mode = spec.variant if spec.accumulates else "none (no accumulated rows)"
+    title = (f"{'batched tensor product' if spec.variant == 'tp' else spec.variant + ' fused convolution'} "
+             f"{spec.direction}, {spec.dtype}"
+             + ("" if spec.direction == "forward" else f", grads of {', '.join(n for n, f in zip('xyw', spec.need) if f)}"))
+    source = _template("walk.cu").substitute(
+        title=title, problem=p.describe(),
+        schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
+        prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
+        d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=spec.name,
+        phases=phases)
+    fixup = None
+    if spec.variant == "det" and spec.accumulates:
+        fixup = spec.name + "_fixup"
+        source += "\n" + _template("fixup.cu").substitute(kernel=fixup)
+    need_y = spec.direction == "backward" and spec.need[1]
+    return GeneratedModule(spec=spec, source=source, walk_kernel=spec.name, fixup_kernel=fixup,
+                           schedule=schedule, acc_width=acc_width,
+                           gy_partials=(len(schedule.phases) if need_y else 0))

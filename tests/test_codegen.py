@@ -1,0 +1,143 @@
+"""CPU tests of the CUDA source generator: exact constants, schedules, generated structure."""
+from __future__ import annotations
+
+import math
+import random
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from kernel_cases import bench_problem, bench_problem_specs, random_uvu_problem
+from mlip_accel.codegen import (KernelSpec, build_schedule, generate, hex_literal, parse_hex_literal,
+                                schedule_for, unsupported_reason)
+from mlip_accel.codegen.literals import round_to_float32
+from mlip_accel.problem import describe
+
+BENCH = bench_problem_specs()
+
+
+def test_hex_literals_round_trip_exactly():
+    rng = random.Random(0)
+    values = [0.0, 1.0, -0.5, 1 / 3, math.sqrt(2), 1e-300, 5e-324, 1e-40, 3.4e38]
+    values += [rng.uniform(-10, 10) * 10 ** rng.randint(-30, 30) for _ in range(2000)]
+    for v in values:
+        assert parse_hex_literal(hex_literal(v, "float64")) == v
+        f32 = hex_literal(v, "float32")
+        assert f32.endswith("f")
+        assert parse_hex_literal(f32) == round_to_float32(v)
+        # a float32 literal needs no more than float32's 23 fraction bits (6 hex digits)
+        assert len(f32.split("p")[0].split(".")[-1]) <= 6 or "." not in f32
+
+
+def test_float32_rounding_matches_torch():
+    import torch
+    rng = random.Random(1)
+    for _ in range(500):
+        v = rng.uniform(-1, 1)
+        assert round_to_float32(v) == float(torch.tensor(v, dtype=torch.float64).to(torch.float32))
+
+
+def test_hex_literal_rejects_bad_input():
+    with pytest.raises(ValueError, match="dtype"):
+        hex_literal(1.0, "float16")
+    with pytest.raises(ValueError, match="finite"):
+        hex_literal(float("nan"), "float64")
+
+
+@pytest.mark.parametrize("name", [p["name"] for p in BENCH])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_constants_are_cg_times_path_weight_exactly(name, dtype):
+    problem = bench_problem(next(p for p in BENCH if p["name"] == name))
+    source = generate(KernelSpec(problem, dtype, "forward", "det")).source
+    suffix = "f" if dtype == "float32" else ""
+    found = {parse_hex_literal(t) for t in re.findall(r"-?0x[0-9a-f.]+p[-+]\d+" + suffix, source)}
+    expected = {c * p.path_weight for p in problem.paths for *_, c in p.cg}
+    if dtype == "float32":
+        expected = {round_to_float32(v) for v in expected}
+    assert found == expected
+
+
+def _check_schedule(problem, side, budget):
+    schedule = build_schedule(problem, side, budget)
+    irreps = problem.irreps_out if side == "out" else problem.irreps_in1
+    seen = [(s.irrep, s.chunk) for ph in schedule.phases for s in ph.segments]
+    assert len(seen) == len(set(seen)), "a segment is scheduled twice"
+    expected = {(i, c) for i, (mul, _, _) in enumerate(irreps) for c in range(-(-mul // 32))}
+    assert set(seen) == expected, "every (irrep, 32-channel chunk) is scheduled"
+    for ph in schedule.phases:
+        assert ph.segments
+        assert ph.acc_per_lane <= budget or len(ph.segments) == 1, "phase over the register budget"
+        for s in ph.segments:
+            mul, l, _ = irreps[s.irrep]
+            assert s.width == 2 * l + 1
+            assert s.lanes == min(32, mul - 32 * s.chunk) and 1 <= s.lanes <= 32
+    # an irrep that fits a phase on its own is never split across phases
+    for i, (mul, l, _) in enumerate(irreps):
+        if -(-mul // 32) * (2 * l + 1) <= budget:
+            assert len({p for p, ph in enumerate(schedule.phases) for s in ph.segments if s.irrep == i}) <= 1
+    return schedule
+
+
+@pytest.mark.parametrize("budget", [1, 7, 32, 64, 1000])
+def test_schedules_respect_the_register_budget(budget):
+    problems = [bench_problem(p) for p in BENCH] + [random_uvu_problem(seed) for seed in range(20)]
+    for problem in problems:
+        for side in ("out", "in1"):
+            _check_schedule(problem, side, budget)
+
+
+def test_large_problem_runs_in_phases():
+    spec = next((p for p in BENCH if p["name"] == "nequip-benzene"), None)
+    if spec is None:
+        pytest.skip("problems.json not found")
+    problem = bench_problem(spec)
+    forward = schedule_for(KernelSpec(problem, "float32", "forward", "det"))
+    assert len(forward.phases) > 1 and all(ph.acc_per_lane <= 64 for ph in forward.phases)
+    assert sum(ph.acc_per_lane for ph in forward.phases) == problem.dim_out // 32
+    # the backward without grad x keeps no accumulators: one phase
+    assert len(schedule_for(KernelSpec(problem, "float32", "backward", "det", (False, True, True))).phases) == 1
+
+
+def test_spec_validation():
+    problem = random_uvu_problem(0)
+    with pytest.raises(ValueError, match="dtype"):
+        KernelSpec(problem, "float16", "forward", "det")
+    with pytest.raises(ValueError, match="direction"):
+        KernelSpec(problem, "float32", "sideways", "det")
+    with pytest.raises(ValueError, match="variant"):
+        KernelSpec(problem, "float32", "forward", "csr")
+    with pytest.raises(ValueError, match="at least one"):
+        KernelSpec(problem, "float32", "backward", "det", (False, False, False))
+    assert KernelSpec(problem, "float32", "forward", "det", (False, True, False)).need == (True, True, True)
+
+
+def test_unsupported_problems_are_named():
+    uvw = describe("4x0e", "4x0e", "4x0e", [(0, 0, 0, "uvw", True)])
+    assert "uvw" in unsupported_reason(uvw)
+    shared = describe("4x0e", "1x0e", "4x0e", [(0, 0, 0, "uvu", True)], shared_weights=True)
+    assert "shared" in unsupported_reason(shared)
+    with pytest.raises(NotImplementedError):
+        generate(KernelSpec(uvw, "float32", "forward", "det"))
+    for p in BENCH:
+        assert unsupported_reason(bench_problem(p)) is None
+
+
+def test_generation_is_deterministic_and_specific():
+    a, b = random_uvu_problem(3), random_uvu_problem(4)
+    spec = lambda p, **kw: KernelSpec(p, "float64", "backward", "det", **kw)  # noqa: E731
+    assert generate(spec(a)).source == generate(spec(a)).source
+    assert generate(spec(a)).source != generate(spec(b)).source
+    full = generate(spec(a)).source
+    only_w = generate(spec(a, need=(False, False, True))).source
+    assert "warp_sum(gy0)" in full and "warp_sum(" not in only_w.split("typedef")[1].split("return v;")[-1]
+    assert generate(spec(a, need=(False, False, True))).fixup_kernel is None
+    assert generate(spec(a)).fixup_kernel is not None
+
+
+def test_codegen_imports_without_cupy_or_gpu():
+    code = ("import sys; import mlip_accel.codegen, mlip_accel.runtime.backend; "
+            "assert 'cupy' not in sys.modules, 'cupy imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,63 @@
+"""CI compile check (CPU only): every kernel family x dtype x problem of problems.json compiles with NVRTC
+for sm_80 and sm_90. NVRTC runs without a GPU; the disk cache is bypassed (each case really compiles)."""
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+
+import pytest
+
+from kernel_cases import bench_problem, bench_problem_specs, problems_json
+from mlip_accel.codegen import KernelSpec, generate
+from mlip_accel.runtime.backend import ACC_BUDGET_REGS
+
+pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
+
+FAMILIES = [("forward", "tp"), ("backward", "tp"), ("forward", "det"), ("backward", "det"),
+            ("forward", "atomic"), ("backward", "atomic")]
+DTYPES = ["float32", "float64"]
+ARCHS = ["sm_80", "sm_90"]
+NAMES = [p["name"] for p in bench_problem_specs()]
+
+
+def _compile(job):
+    from mlip_accel.runtime import compiler
+    source, arch, name = job
+    try:
+        image = compiler._compile(source, (*compiler.BASE_OPTIONS, f"-arch={arch}"), "cubin", name)
+        return len(image), None
+    except Exception as err:  # reported by the test of this case
+        return 0, str(err)[:4000]
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """All cases compiled once, in parallel over the CPU's cores: {(name, dtype, family, arch): (size, error)}."""
+    jobs = {}
+    for spec in bench_problem_specs():
+        problem = bench_problem(spec)
+        for dtype in DTYPES:
+            for direction, variant in FAMILIES:
+                gm = generate(KernelSpec(problem, dtype, direction, variant,
+                                         budget_regs=ACC_BUDGET_REGS[direction]))
+                for arch in ARCHS:
+                    jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = pool.map(_compile, jobs.values(), chunksize=1)
+        return dict(zip(jobs, results))
+
+
+def test_problems_json_is_found():
+    assert problems_json() is not None, "../shared/bench/problems.json (or benchmarks/problems.json) is missing"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("family", [f"{d}-{v}" for d, v in FAMILIES])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", NAMES)
+def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
+    size, error = compiled[(name, dtype, family, arch)]
+    assert error is None, error
+    assert size > 0
