@@ -76,7 +76,9 @@ def check_layer(layer: torch.nn.Module, where: str, num_nodes: int = 5, num_edge
 
 
 def is_graph_model(module) -> bool:
-    return bool(getattr(module, "is_graph_model", False)) and hasattr(module, "type_names")
+    """A whole NequIP model that knows its atom types and cutoff (what the structure probe needs)."""
+    return (bool(getattr(module, "is_graph_model", False)) and bool(getattr(module, "type_names", None))
+            and "r_max" in getattr(module, "_metadata", {}))
 
 
 def probe_structure(model: torch.nn.Module, num_atoms: int = 5):
@@ -84,7 +86,7 @@ def probe_structure(model: torch.nn.Module, num_atoms: int = 5):
     from nequip.data import AtomicDataDict, compute_neighborlist_
 
     type_names = list(model.type_names)
-    r_max = float(model.metadata["r_max"])
+    r_max = float(model._metadata["r_max"])
     gen = torch.Generator().manual_seed(_SEED)
     side = 0.9 * r_max  # smaller than the cutoff: every atom sees several periodic images
     min_dist = 0.25 * r_max
