@@ -7,8 +7,10 @@ x, y, w from a random output grad) and the double backward (grads of the backwar
 w and the output grad, from random cotangents), the peak memory of each, the time to build the
 implementation and run its first call, the error of its forward and backward against an fp64 e3nn
 reference, and each time as a fraction of the memory roofline. Implementations that are not installed are
-skipped with the reason. Each (problem, dtype) runs in its own worker process, so a crash or a sticky
-CUDA error costs one case, not the run.
+skipped with the reason. The cases run in a worker process; if it dies (a segfault, a sticky CUDA error
+in a peer library), the case it was in is recorded as an error and a new worker goes on with the rest.
+Every result is appended to <out>/kernels.events.jsonl as soon as it exists, so a run cut short still
+renders (--from-json); --time-budget stops starting new cases in time to write the report.
 
 Roofline: the minimum bytes a direction must move over the measured device-to-device copy rate (bytes
 read + written). Counted once each, index arrays left out:
@@ -17,11 +19,12 @@ read + written). Counted once each, index arrays left out:
   double backward  read x, y, w, grad_out, and the  write grad_x, grad_y, grad_w, grad_grad_out
                    cotangents of grad_x/y/w
 
-Run on the GPU machine (see scripts/device_env.sh):
-    py_nequip scripts/bench_kernels.py --quick                     # one problem, carbon-1k, fp32
-    py_nequip scripts/bench_kernels.py --out $OUT                  # everything
-and re-render (no GPU) from saved results, e.g. after several runs:
-    python scripts/bench_kernels.py --from-json a.json b.json --out benchmarks --update-readme
+Run on the GPU machine (see scripts/device_env.sh; peers that are not importable are skipped):
+    py_nequip scripts/bench_kernels.py --quick                     # first problem, carbon-1k, fp32: ~2 min
+    py_nequip scripts/bench_kernels.py --graphs carbon-1k --dtypes float32 --time-budget 480 --out $OUT/f32
+The whole matrix takes longer than one 10-minute device command: split it by --dtypes / --graphs /
+--impls, then merge and render here (no GPU), later files winning per case:
+    python scripts/bench_kernels.py --from-json f32/kernels.json f64/kernels.json --out benchmarks --update-readme
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ DIRECTION_ALIASES = {"forward": "fwd", "backward": "bwd", "double": "dbl", "doub
 DTYPES = ("float32", "float64")
 GRAPHS = ("carbon-1k", "carbon-8k", "small-molecule")
 ERR_SAMPLE_EDGES = 4096  # edges on which grad_y and grad_w are compared with the reference
+EVENTS_FILE = "kernels.events.jsonl"
+CRASH_TEST_ENV = "BENCH_KERNELS_TEST_CRASH"  # tests only: the worker dies when it starts this implementation
 DEFAULT_CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"  # mlip_accel.runtime.compiler.CACHE_ENV, read from there when it imports
 
 
@@ -93,7 +98,10 @@ def parse_args(argv=None):
     p.add_argument("--update-readme", action="store_true", help="rewrite README.md's bench_kernels section")
     p.add_argument("--no-compile-time", action="store_true", help="skip mlip_accel's cold/warm start measurement")
     p.add_argument("--inprocess", action="store_true", help="run every case in this process (no crash isolation)")
-    p.add_argument("--from-json", nargs="+", metavar="JSON", help="render saved results (merged, later wins); no GPU")
+    p.add_argument("--time-budget", type=float, metavar="S",
+                   help="start no new case after S seconds (the rest is reported as skipped), then write the report")
+    p.add_argument("--from-json", nargs="+", metavar="FILE",
+                   help="render saved kernels.json / kernels.events.jsonl files (merged, later wins); no GPU")
     p.add_argument("--worker", nargs=2, metavar=("JOB", "RESULTS"), help=argparse.SUPPRESS)
     p.add_argument("--compile-probe", metavar="JOB", help=argparse.SUPPRESS)
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # "cpu": the CPU smoke test
@@ -268,32 +276,41 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
 
 
 def run_worker(job_file: str, results_file: str) -> None:
+    """Every (problem, dtype, graph, implementation) of the job not in its skip list, in this process."""
     import torch
     from bench_graphs import build_graph
     from bench_peers import ConvSpec, LABELS
     from bench_timing import QUICK_POLICY, L2Flusher, TimingPolicy
 
     job = json.loads(Path(job_file).read_text())
-    problem, dtype_name = job["problem"], job["dtype"]
-    dtype = getattr(torch, dtype_name)
     policy = QUICK_POLICY if job["quick"] else TimingPolicy()
     skip = {tuple(s) for s in job.get("skip", [])}
     device = job.get("device", "cuda")
     flush = L2Flusher(device)
     results = open(results_file, "a")
+    graphs = {}
 
     def emit(obj):
         results.write(json.dumps(obj) + "\n")
         results.flush()
 
-    for graph_name in job["graphs"]:
-        graph = build_graph(graph_name, device=device)
-        emit({"event": "graph", "graph": graph_name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges})
-        spec = ConvSpec.from_problem(problem, graph.edge_dst, graph.edge_src, graph.num_nodes)
-        base = {"problem": problem["name"], "graph": graph_name, "dtype": dtype_name}
-        todo = [i for i in job["impls"] if (graph_name, i) not in skip]
+    for problem, dtype_name, graph_name in ((p, t, g) for p in job["problems"] for t in job["dtypes"]
+                                            for g in job["graphs"]):
+        todo = [i for i in job["impls"] if (problem["name"], graph_name, dtype_name, i) not in skip]
         if not todo:
             continue
+        if job.get("deadline") and time.time() > job["deadline"]:
+            for impl in todo:
+                emit({"event": "result", "problem": problem["name"], "graph": graph_name, "dtype": dtype_name,
+                      "impl": impl, "label": LABELS[impl], "status": "skipped", "reason": "--time-budget spent"})
+            continue
+        dtype = getattr(torch, dtype_name)
+        if graph_name not in graphs:
+            graphs[graph_name] = graph = build_graph(graph_name, device=device)
+            emit({"event": "graph", "graph": graph_name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges})
+        graph = graphs[graph_name]
+        spec = ConvSpec.from_problem(problem, graph.edge_dst, graph.edge_src, graph.num_nodes)
+        base = {"problem": problem["name"], "graph": graph_name, "dtype": dtype_name}
         try:
             from mlip_accel.problem import describe
 
@@ -318,6 +335,8 @@ def run_worker(job_file: str, results_file: str) -> None:
         emit({"event": "shape", **base, **dims, "num_nodes": n, "num_edges": e, "floor_bytes": floors})
         for impl in todo:
             emit({"event": "start", **base, "impl": impl})
+            if os.environ.get(CRASH_TEST_ENV) == impl:
+                os._exit(3)  # the crash-isolation test's stand-in for a segfault in a peer library
             t0 = time.perf_counter()
             rec = run_case(impl, spec, dtype, (x, y, w, gz, dx, dy, dw), ref, job["directions"], policy, flush, {})
             emit({"event": "result", **base, "impl": impl, "label": LABELS[impl], **rec})
@@ -423,13 +442,20 @@ def _read_results(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def run_job(job: dict, inprocess: bool) -> list[dict]:
-    """Run one (problem, dtype) job; after a crash, record the case that was running and go on."""
+def append_event(path: Path, event: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def run_job(job: dict, results: Path, inprocess: bool) -> None:
+    """Run every case of ``job`` in a worker process; after a crash (a sticky CUDA error, a segfault),
+    record the case that was running and start a new worker on the cases left."""
+    keys = ("problem", "graph", "dtype", "impl")
     with tempfile.TemporaryDirectory(prefix="bench_kernels_") as tmp:
-        results = Path(tmp) / "results.jsonl"
         job_file = Path(tmp) / "job.json"
         skip: list = []
-        for _attempt in range(len(job["graphs"]) * len(job["impls"]) + 1):
+        n_cases = len(job["problems"]) * len(job["dtypes"]) * len(job["graphs"]) * len(job["impls"])
+        for _attempt in range(n_cases + 1):
             job_file.write_text(json.dumps({**job, "skip": skip}))
             if inprocess:
                 run_worker(str(job_file), str(results))
@@ -438,17 +464,17 @@ def run_job(job: dict, inprocess: bool) -> list[dict]:
             if rc == 0:
                 break
             events = _read_results(results)
-            done = {(r["graph"], r["impl"]) for r in events if r["event"] == "result"}
-            started = [r for r in events if r["event"] == "start" and (r["graph"], r["impl"]) not in done]
-            if not started:  # died outside a case (graph building, imports): give up on this job
-                print(f"bench_kernels: worker for {job['problem']['name']} {job['dtype']} exited with {rc}", flush=True)
+            done = {tuple(r[k] for k in keys) for r in events if r["event"] == "result"}
+            started = [r for r in events if r["event"] == "start" and tuple(r[k] for k in keys) not in done]
+            if not started:  # died outside a case (imports, graph building): nothing to skip past
+                print(f"bench_kernels: worker exited with {rc} outside a case; stopping", flush=True)
                 break
             crashed = started[-1]
-            with open(results, "a") as f:
-                f.write(json.dumps({"event": "result", **{k: crashed[k] for k in ("problem", "graph", "dtype", "impl")},
-                                    "status": "error", "reason": f"worker process died (exit code {rc})"}) + "\n")
-            skip = [list(k) for k in done | {(crashed["graph"], crashed["impl"])}]
-        return _read_results(results)
+            print(f"bench_kernels: worker died (exit code {rc}) in {' '.join(crashed[k] for k in keys)}; "
+                  "going on with a new one", flush=True)
+            append_event(results, {"event": "result", **{k: crashed[k] for k in keys}, "status": "error",
+                                   "reason": f"worker process died (exit code {rc})"})
+            skip = [list(k) for k in done | {tuple(crashed[k] for k in keys)}]
 
 
 def device_meta() -> dict:
@@ -459,24 +485,6 @@ def device_meta() -> dict:
     return {"device": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
             "l2_mb": getattr(props, "L2_cache_size", 0) / 2**20, "memory_gb": props.total_memory / 1e9,
             "versions": versions(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-
-
-def collect(events: list[dict], data: dict) -> None:
-    """Fold worker events into the report data (graphs, shapes, results keyed by case)."""
-    for ev in events:
-        kind = ev.get("event")
-        if kind == "graph":
-            data["graphs"][ev["graph"]] = {"num_nodes": ev["num_nodes"], "num_edges": ev["num_edges"]}
-        elif kind == "shape":
-            key = f"{ev['problem']}|{ev['graph']}|{ev['dtype']}"
-            data["shapes"][key] = {k: ev[k] for k in ("d1", "d2", "do", "wn", "num_nodes", "num_edges", "floor_bytes")}
-        elif kind == "result":
-            rec = {k: v for k, v in ev.items() if k != "event"}
-            data["results"] = [r for r in data["results"] if _case_key(r) != _case_key(rec)] + [rec]
-
-
-def _case_key(r: dict) -> tuple:
-    return r["problem"], r["graph"], r["dtype"], r["impl"]
 
 
 def main(argv=None) -> int:
@@ -491,7 +499,7 @@ def main(argv=None) -> int:
     if args.from_json:
         import bench_report
 
-        data = bench_report.merge([json.loads(Path(p).read_text()) for p in args.from_json])
+        data = bench_report.merge([bench_report.load(Path(p)) for p in args.from_json])
         bench_report.write(data, out_dir, update_readme=args.update_readme)
         return 0
 
@@ -523,18 +531,27 @@ def main(argv=None) -> int:
     print(f"bench_kernels: {data['meta']['device']}, copy {data['meta']['copy_bandwidth_gbps'] or 0:.0f} GB/s, "
           f"{len(problems)} problem(s) x {args.graphs} x {args.dtypes}, impls {','.join(args.impls)}", flush=True)
     t_start = time.perf_counter()
-    for problem in problems:
-        for dtype in args.dtypes:
-            job = {"problem": problem, "dtype": dtype, "graphs": args.graphs, "impls": args.impls,
-                   "directions": args.directions, "quick": args.quick, "device": args.device}
-            collect(run_job(job, args.inprocess), data)
-            if on_gpu and not args.no_compile_time and any(i.startswith("mlip_accel") for i in args.impls):
-                rec = measure_compile_times(problem, dtype)
-                data["compile"].append({"problem": problem["name"], "dtype": dtype, **rec})
-                print(f"  [{problem['name']} {dtype}] mlip_accel first calls: "
-                      + (f"cold {rec['cold_s']:.2f} s, warm {rec['warm_s']:.2f} s (backend {rec['backend']})"
-                         if rec["status"] == "ok" else f"error: {rec['reason'][:200]}"), flush=True)
+    deadline = time.time() + args.time_budget if args.time_budget is not None else None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    events_file = out_dir / EVENTS_FILE  # every result as soon as it exists: survives a killed run
+    events_file.write_text("")
+    append_event(events_file, {"event": "meta", **data["meta"]})
+    job = {"problems": problems, "dtypes": args.dtypes, "graphs": args.graphs, "impls": args.impls,
+           "directions": args.directions, "quick": args.quick, "device": args.device, "deadline": deadline}
+    run_job(job, events_file, args.inprocess)
+    if on_gpu and not args.no_compile_time and any(i.startswith("mlip_accel") for i in args.impls):
+        for problem, dtype in ((p, t) for p in problems for t in args.dtypes):
+            if deadline and time.time() > deadline:
+                print("bench_kernels: time budget spent; compile times not measured for the rest", flush=True)
+                break
+            rec = {"problem": problem["name"], "dtype": dtype, **measure_compile_times(problem, dtype)}
+            append_event(events_file, {"event": "compile", **rec})
+            print(f"  [{problem['name']} {dtype}] mlip_accel first calls: "
+                  + (f"cold {rec['cold_s']:.2f} s, warm {rec['warm_s']:.2f} s (backend {rec['backend']})"
+                     if rec["status"] == "ok" else f"error: {rec['reason'][:200]}"), flush=True)
     data["meta"]["wall_s"] = time.perf_counter() - t_start
+    append_event(events_file, {"event": "meta", **data["meta"]})
+    data = bench_report.from_events(_read_results(events_file))
     bench_report.write(data, out_dir, update_readme=args.update_readme)
     print(bench_report.summary_text(data), flush=True)
     return 0

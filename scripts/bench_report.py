@@ -24,6 +24,36 @@ def _key(r: dict) -> tuple:
     return r["problem"], r["graph"], r["dtype"], r["impl"]
 
 
+def from_events(events: list[dict]) -> dict:
+    """Report data from the event stream bench_kernels.py writes (kernels.events.jsonl)."""
+    data = {"meta": {}, "graphs": {}, "shapes": {}, "results": [], "compile": []}
+    results, compile_ = {}, {}
+    for ev in events:
+        kind = ev.get("event")
+        body = {k: v for k, v in ev.items() if k != "event"}
+        if kind == "meta":
+            data["meta"].update(body)
+        elif kind == "graph":
+            data["graphs"][ev["graph"]] = {"num_nodes": ev["num_nodes"], "num_edges": ev["num_edges"]}
+        elif kind == "shape":
+            data["shapes"][f"{ev['problem']}|{ev['graph']}|{ev['dtype']}"] = {
+                k: ev[k] for k in ("d1", "d2", "do", "wn", "num_nodes", "num_edges", "floor_bytes")}
+        elif kind == "result":
+            results[_key(body)] = body
+        elif kind == "compile":
+            compile_[(ev["problem"], ev["dtype"])] = body
+    data["results"], data["compile"] = list(results.values()), list(compile_.values())
+    return data
+
+
+def load(path: Path) -> dict:
+    """A saved kernels.json, or the kernels.events.jsonl of a run (also of one that was cut short)."""
+    text = path.read_text()
+    if path.suffix == ".jsonl":
+        return from_events([json.loads(line) for line in text.splitlines() if line.strip()])
+    return json.loads(text)
+
+
 def merge(runs: list[dict]) -> dict:
     """Several saved runs as one (later runs win per case); meta of the last, other devices noted."""
     out = {"meta": {}, "graphs": {}, "shapes": {}, "results": [], "compile": []}
@@ -101,7 +131,7 @@ def _cell(rec: dict | None, d: str) -> str:
     if rec is None:
         return ""
     if rec.get("status") != "ok":
-        return {"oom": "OOM", "unavailable": "n/a"}.get(rec.get("status"), "error")
+        return {"oom": "OOM", "unavailable": "n/a", "skipped": "skipped"}.get(rec.get("status"), "error")
     res = rec.get("directions", {}).get(d)
     if res is None:
         return ""
@@ -189,7 +219,7 @@ def results_tables(data: dict) -> list[str]:
                 setup = f"{rec['setup_s']:.1f}" if "setup_s" in rec else ""
                 lines.append(f"| {problem} | {label} | {_cell(rec, 'fwd')} | {_cell(rec, 'bwd')} | {_cell(rec, 'dbl')} "
                              f"| {_mem(rec)} | {_err(rec)} | {setup} |")
-                if rec.get("status") not in ("ok", "unavailable"):
+                if rec.get("status") not in ("ok", "unavailable", "skipped"):
                     notes.append(f"{problem} {LABELS[rec['impl']]}: {rec.get('status')}: {rec.get('reason', '')}")
                 for d, res in rec.get("directions", {}).items():
                     if "median_ms" not in res and res.get("status") == "error":

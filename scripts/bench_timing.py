@@ -31,10 +31,10 @@ class Timing:
 
 @dataclasses.dataclass
 class TimingPolicy:
-    target_s: float = 0.5  # timed work per measurement
+    target_s: float = 0.3  # timed work per measurement
     min_reps: int = 5
-    max_reps: int = 50
-    slow_call_s: float = 1.0  # a call slower than this is timed 2 times only
+    max_reps: int = 30
+    slow_call_s: float = 0.5  # a call slower than this: one warm-up, timed twice
     warmup: int = 2
 
 

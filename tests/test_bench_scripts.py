@@ -151,9 +151,7 @@ def test_problems_file_resolution_and_argument_checks(tmp_path):
 
 
 def test_bench_kernels_runs_end_to_end_on_cpu(tmp_path):
-    problems = tmp_path / "problems.json"
-    problems.write_text(json.dumps({"problems": [
-        {"name": "tiny", "in1": "2x0e+2x1o", "in2": "0e+1o", "target": "2x0e+2x1o+2x1e"}]}))
+    problems = _tiny_problems(tmp_path)
     out = tmp_path / "out"
     rc = bench_kernels.main(["--device", "cpu", "--inprocess", "--quick", "--problems", str(problems),
                              "--graphs", "small-molecule", "--directions", "fwd,bwd", "--out", str(out),
@@ -171,3 +169,38 @@ def test_bench_kernels_runs_end_to_end_on_cpu(tmp_path):
     for impl in ("cueq-uniform_1d", "oeq-det"):
         assert by_impl[impl]["status"] == "unavailable" and by_impl[impl]["reason"]
     assert "tiny" in (out / "kernels.md").read_text()
+
+
+def _tiny_problems(tmp_path):
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps({"problems": [
+        {"name": "tiny", "in1": "2x0e+2x1o", "in2": "0e+1o", "target": "2x0e+2x1o+2x1e"}]}))
+    return problems
+
+
+def test_a_crashing_worker_costs_one_case_and_a_cut_run_still_renders(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    monkeypatch.setenv(bench_kernels.CRASH_TEST_ENV, "e3nn")
+    rc = bench_kernels.main(["--device", "cpu", "--quick", "--problems", str(_tiny_problems(tmp_path)),
+                             "--graphs", "small-molecule", "--directions", "fwd", "--out", str(out),
+                             "--impls", "e3nn,mlip_accel-atomic", "--no-compile-time"])
+    assert rc == 0
+    by_impl = {r["impl"]: r for r in json.loads((out / "kernels.json").read_text())["results"]}
+    assert by_impl["e3nn"]["status"] == "error" and "worker process died" in by_impl["e3nn"]["reason"]
+    assert by_impl["mlip_accel-atomic"]["status"] == "ok"  # run by a fresh worker after the crash
+
+    # the event stream alone (as a run killed mid-way leaves it) renders the same report
+    again = tmp_path / "again"
+    assert bench_kernels.main(["--from-json", str(out / bench_kernels.EVENTS_FILE), "--out", str(again)]) == 0
+    assert json.loads((again / "kernels.json").read_text())["results"] == json.loads((out / "kernels.json").read_text())["results"]
+
+
+def test_time_budget_skips_the_cases_left(tmp_path):
+    out = tmp_path / "out"
+    rc = bench_kernels.main(["--device", "cpu", "--inprocess", "--quick", "--problems", str(_tiny_problems(tmp_path)),
+                             "--graphs", "small-molecule", "--directions", "fwd", "--out", str(out),
+                             "--impls", "e3nn", "--time-budget", "0"])
+    assert rc == 0
+    (rec,) = json.loads((out / "kernels.json").read_text())["results"]
+    assert rec["status"] == "skipped"
+    assert "skipped" in (out / "kernels.md").read_text()
