@@ -40,11 +40,14 @@ def load_potential(path, device="auto", dtype=None, head: str | None = None) -> 
 
         return nequip.NequIPPotential(nequip.load_saved_model(path, dtype), device, source=path)
     if name.endswith((".pt", ".pth")):
-        from . import nequip
+        from . import mace, nequip
 
         if nequip.read_builder_file(path) is not None:
             model, _ = nequip.build_from_builder_file(path, dtype)
             return nequip.NequIPPotential(model, device, source=path)
+        if not mace.available():
+            raise ModelFileError(f"unsupported model file {path}: not an mlip_accel builder file, and mace-torch "
+                                 f"(for a pickled MACE model) is not installed; mlip_accel loads {SUPPORTED}")
     if name.endswith((".model", ".pt", ".pth")):
         from . import mace
 

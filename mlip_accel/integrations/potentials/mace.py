@@ -14,6 +14,12 @@ from ..neighbors import Neighbors
 from .base import Evaluation, Potential, cell_has_volume
 
 
+def available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mace") is not None
+
+
 def _import_mace():
     try:
         import mace  # noqa: F401

@@ -9,6 +9,8 @@ stays small, and a nequip whose parameters no longer match says so (strict state
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -49,8 +51,10 @@ def save_builder_file(path: str, builder: str, config: dict, state_dict: dict, i
         raise ValueError(f"builder must be one of {BUILDERS}, got {builder!r}")
     state = {k: (v.detach().to("cpu", torch.float64) if v.is_floating_point() else v.detach().cpu())
              for k, v in state_dict.items()}
-    torch.save({"format": BUILDER_FORMAT, "builder": builder, "config": dict(config), "state_dict": state,
-                "info": dict(info or {})}, path)
+    # JSON round trip: plain str/int/float/list/dict only, so that weights_only=True loading accepts it
+    plain = json.loads(json.dumps({"config": config, "info": info or {}}, default=str))
+    torch.save({"format": BUILDER_FORMAT, "builder": builder, "config": plain["config"], "state_dict": state,
+                "info": plain["info"]}, path)
 
 
 def build_from_builder_file(path: str, dtype: torch.dtype | None = None):
