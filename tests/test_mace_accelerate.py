@@ -124,6 +124,11 @@ def test_edges_sorted_once_per_forward(structures, monkeypatch):
     assert len(calls) == 1
     evaluate(fast, batch_for(fast, structures[:1]))  # a new structure: sorted again, once
     assert len(calls) == 2
+    with torch.inference_mode():  # inference tensors keep no version counter: still one sort, same energy
+        batch = batch_for(fast, structures)
+        energy = fast(batch, compute_force=False)["energy"]
+    assert len(calls) == 3
+    torch.testing.assert_close(energy, evaluate(fast, batch_for(fast, structures))["energy"], rtol=0, atol=0)
 
 
 def test_rest_of_model_untouched_and_state_dict_compatible():

@@ -29,25 +29,28 @@ class SharedEdgeGraph:
     """
 
     def __init__(self):
-        self._edge_index = None  # weakref.ref to the tensor last sorted
-        self._version = -1
-        self._num_nodes = -1
-        self._graph: EdgeGraph | None = None
+        # (weakref to the edge_index last sorted, its version, num_nodes, graph), read and replaced as one
+        # tuple so that a model shared between threads never pairs one structure's key with another's graph
+        self._entry = None
         self.sorts = 0  # how many sorts this cache made (diagnostics)
 
+    @staticmethod
+    def _version(edge_index: torch.Tensor):
+        # inference tensors (torch.inference_mode) keep no version counter; they are keyed on identity
+        return None if edge_index.is_inference() else edge_index._version
+
     def get(self, edge_index: torch.Tensor, num_nodes: int) -> EdgeGraph:
-        if (self._edge_index is not None and self._edge_index() is edge_index
-                and self._version == edge_index._version and self._num_nodes == num_nodes):
-            return self._graph
+        entry, version = self._entry, self._version(edge_index)
+        if entry is not None and entry[0]() is edge_index and entry[1] == version and entry[2] == num_nodes:
+            return entry[3]
         graph = sort_edges(edge_index[1], edge_index[0], num_nodes)
-        self._edge_index, self._version, self._num_nodes, self._graph = (
-            weakref.ref(edge_index), edge_index._version, num_nodes, graph)
+        self._entry = (weakref.ref(edge_index), version, num_nodes, graph)
         self.sorts += 1
         return graph
 
     # The cache never travels with a saved or copied model (weak references do not pickle anyway).
     def __getstate__(self):
-        return {}
+        return {"sorts": 0}
 
     def __setstate__(self, state):
         self.__init__()
