@@ -256,10 +256,12 @@ def test_refuses_other_model_classes():
         mlip_accel.accelerate(torch.nn.Linear(2, 2))
 
 
-def test_bad_backend_name():
+def test_bad_arguments():
     model = tiny_model()
     with pytest.raises(ValueError, match="backend must be one of"):
         mlip_accel.accelerate(model, backend="gpu")
+    with pytest.raises(TypeError, match="deterministic must be True or False"):
+        mlip_accel.accelerate(model, deterministic="yes")
     assert _unchanged(model)
 
 

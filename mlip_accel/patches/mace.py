@@ -161,6 +161,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -
     from ..ops.backends import check_backend_name
 
     check_backend_name(backend)
+    for name, value in (("deterministic", deterministic), ("check", check)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
     plans = [_plan(model) for model in models]
     done = []
     try:

@@ -116,5 +116,5 @@ def compare(reference: dict[str, torch.Tensor], accelerated: dict[str, torch.Ten
         if not err <= rtol * scale:  # also catches NaN
             problems.append(f"{key}: max |diff| {err:.3e} > {rtol:.0e} * max |value| {scale:.3e}")
     if problems:
-        raise ParityCheckFailed("mlip_accel parity self-check failed, the model was left unaccelerated: "
+        raise ParityCheckFailed("mlip_accel parity self-check failed, the model was left as it was: "
                                 + "; ".join(problems))
