@@ -161,7 +161,6 @@ def _run(atoms, calc, args, label):
 
     atoms = atoms.copy()
     atoms.calc = calc
-    calc.potential.atom_types(atoms.numbers)  # unknown elements: fail now, before the velocities and the bar
     initial_velocities(atoms, args.temperature, args.seed)
     trajectory = _open_trajectory(args, atoms) if label == "mlip_accel" else None
     try:
@@ -194,6 +193,7 @@ def run_md_command(args) -> int:
     atoms, structure_text = _read_structure(args.structure)
     accelerated = args.backend != "e3nn"
     calc = _calculator(args, accelerate=accelerated)
+    calc.potential.atom_types(atoms.numbers)  # unknown elements: say so before anything runs
     device = calc.potential.device
     out = sys.stdout
     print(f"mlip-accel md: {structure_text}", file=out)

@@ -67,12 +67,15 @@ class Progress:
 
 
 def initial_velocities(atoms, temperature_K: float, seed: int) -> None:
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary, ZeroRotation
+    """Maxwell-Boltzmann velocities at ``temperature_K``, no net momentum (nor rotation, for molecules)."""
+    from ase.md import velocitydistribution as vd
 
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
-    Stationary(atoms)
+    # ASE 3.29 renamed MaxwellBoltzmannDistribution (kept, deprecated); we support ASE >= 3.23
+    thermalize = getattr(vd, "thermalize_momenta", None) or vd.MaxwellBoltzmannDistribution
+    thermalize(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
+    vd.Stationary(atoms)
     if not atoms.pbc.any():
-        ZeroRotation(atoms)
+        vd.ZeroRotation(atoms)
 
 
 def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 300.0, ensemble: str = "nvt",
