@@ -1,0 +1,177 @@
+"""Quick timing of the CUDA backend's fused convolution against e3nn (TP on x[src], then index_add), on a
+random graph of carbon-1k's size (1000 nodes, 158,000 edges). Not the benchmark (bench_kernels.py): a
+check, in one device call, of where the kernels stand.
+
+    python3 scripts/kernel_timing.py [--problems mace-large,...] [--dtypes float32,float64] [--out DIR]
+
+Prints a table and writes kernel_timing.json: median ms (CUDA events, after warm-up) of forward,
+backward and double backward, the memory floor (inputs read once, outputs written once, over the
+measured copy bandwidth), peak extra memory, first-compile and disk-cache load times.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from kernel_cases import bench_problem, bench_problem_specs, rel_err  # noqa: E402
+
+from mlip_accel.graph import sort_edges  # noqa: E402
+from mlip_accel.ops import custom_ops  # noqa: E402,F401
+from mlip_accel.problem import irreps_str, register_problem  # noqa: E402
+from mlip_accel.runtime import backend as cuda  # noqa: E402
+from mlip_accel.runtime import compiler  # noqa: E402
+
+
+def median_ms(fn, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def peak_extra_mb(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def copy_bandwidth_gbs() -> float:
+    a = torch.empty(2**30 // 4, dtype=torch.float32, device="cuda")
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a), 10)
+    return 2 * a.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def e3nn_tp(problem, dtype):
+    from mlip_accel.problem.e3nn_compat import o3
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return o3().TensorProduct(irreps_str(problem.irreps_in1), irreps_str(problem.irreps_in2),
+                                  irreps_str(problem.irreps_out),
+                                  [(p.i_in1, p.i_in2, p.i_out, p.mode, p.has_weight) for p in problem.paths],
+                                  shared_weights=False, internal_weights=False).cuda()
+    finally:
+        torch.set_default_dtype(old)
+
+
+def compile_times(problem, dtype: str) -> dict:
+    """Cold compile (no caches) and warm start (disk cache hit) of forward + backward (deterministic)."""
+    target = compiler.target_for(torch.cuda.get_device_capability())
+    sources = [cuda.module_for(problem, dtype, "forward", "det").source,
+               cuda.module_for(problem, dtype, "backward", "det").source]
+    start = time.perf_counter()
+    for s in sources:
+        compiler._compile(s, (*compiler.BASE_OPTIONS, target.option), target.kind, "cold.cu")
+    cold = time.perf_counter() - start
+    for s in sources:  # make sure both are on disk, then time a load that skips the in-memory cache
+        compiler.compile_source(s, target)
+    compiler._MEMORY.clear()
+    start = time.perf_counter()
+    for s in sources:
+        compiler.compile_source(s, target)
+    return {"cold_compile_s": cold, "disk_cache_load_s": time.perf_counter() - start}
+
+
+def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidth: float, with_e3nn: bool) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
+    gz = rnd(num_nodes, problem.dim_out)
+    dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    graph = sort_edges(dst, src, num_nodes)
+    key = register_problem(problem)
+    ops = torch.ops.mlip_accel
+    size = torch.finfo(dtype).bits // 8
+    floor_fwd = (x.numel() + y.numel() + w.numel() + gz.numel()) * size
+    floor_bwd = 2 * floor_fwd  # read x, y, w, grad_z; write grad x, y, w
+    res = {"problem": name, "dtype": str(dtype).split(".")[-1], "nodes": num_nodes, "edges": num_edges,
+           "floor_fwd_ms": floor_fwd / bandwidth / 1e6, "floor_bwd_ms": floor_bwd / bandwidth / 1e6}
+    ggs = [rnd(*t.shape) for t in (x, y, w)]
+    for label, gr in (("det", graph), ("atomic", None)):
+        gt = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if gr is not None else (None,) * 4
+        fwd = lambda: ops.conv_forward(x, y, w, dst, src, *gt, key, "cuda")  # noqa: E731
+        bwd = lambda: ops.conv_backward(x, y, w, gz, dst, src, *gt, key, "cuda")  # noqa: E731
+        dbl = lambda: ops.conv_double_backward(x, y, w, gz, *ggs, dst, src, *gt, key, "cuda")  # noqa: E731
+        res[f"{label}_fwd_ms"] = median_ms(fwd, 10)
+        res[f"{label}_bwd_ms"] = median_ms(bwd, 10)
+        res[f"{label}_dbl_ms"] = median_ms(dbl, 5)
+        res[f"{label}_fwd_peak_mb"] = peak_extra_mb(fwd)
+        res[f"{label}_bwd_peak_mb"] = peak_extra_mb(bwd)
+    res["det_fwd_roofline"] = res["floor_fwd_ms"] / res["det_fwd_ms"]
+    res["det_bwd_roofline"] = res["floor_bwd_ms"] / res["det_bwd_ms"]
+    if with_e3nn:
+        tp = e3nn_tp(problem, dtype)
+        conv = lambda xx, yy, ww: torch.zeros(num_nodes, problem.dim_out, device="cuda", dtype=dtype).index_add(  # noqa: E731
+            0, dst, tp(xx[src], yy, ww))
+        ours = ops.conv_forward(x, y, w, dst, src, *(graph.perm, graph.rowptr, graph.transpose_perm,
+                                                        graph.transpose_rowptr), key, "cuda")
+        res["rel_err_vs_e3nn"] = rel_err(ours, conv(x, y, w))
+        res["e3nn_fwd_ms"] = median_ms(lambda: conv(x, y, w), 5, 1)
+        xr, yr, wr = (t.detach().requires_grad_() for t in (x, y, w))
+
+        def e3nn_bwd():
+            out = conv(xr, yr, wr)
+            torch.autograd.grad(out, (xr, yr, wr), gz)
+        res["e3nn_bwd_ms"] = median_ms(e3nn_bwd, 3, 1)
+        res["e3nn_fwd_peak_mb"] = peak_extra_mb(lambda: conv(x, y, w))
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--problems", default="mace-large,mace-medium,nequip-benzene")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--edges", type=int, default=158000)
+    parser.add_argument("--e3nn", default="mace-large", help="problems also timed with e3nn")
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args()
+    specs = {p["name"]: p for p in bench_problem_specs()}
+    bandwidth = copy_bandwidth_gbs() * 1e9
+    print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)", flush=True)
+    results = []
+    for name in args.problems.split(","):
+        problem = bench_problem(specs[name])
+        for dt in args.dtypes.split(","):
+            dtype = getattr(torch, dt)
+            try:
+                res = run_case(problem, name, dtype, args.nodes, args.edges, bandwidth, name in args.e3nn.split(","))
+                res.update(compile_times(problem, dt))
+            except Exception:
+                res = {"problem": name, "dtype": dt, "error": traceback.format_exc()[-2000:]}
+            results.append(res)
+            print(json.dumps(res), flush=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "kernel_timing.json").write_text(json.dumps(
+        {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_gbs": bandwidth / 1e9, "results": results}, indent=1))
+    cols = ["det_fwd_ms", "det_bwd_ms", "det_dbl_ms", "atomic_fwd_ms", "atomic_bwd_ms", "floor_fwd_ms",
+            "floor_bwd_ms", "e3nn_fwd_ms", "e3nn_bwd_ms", "cold_compile_s", "disk_cache_load_s"]
+    print("\n| problem | dtype | " + " | ".join(cols) + " |")
+    for r in results:
+        cells = [f"{r[c]:.3f}" if isinstance(r.get(c), float) else "-" for c in cols]
+        print(f"| {r['problem']} | {r['dtype']} | " + " | ".join(cells) + " |" + (" ERROR" if "error" in r else ""))
+
+
+if __name__ == "__main__":
+    main()
