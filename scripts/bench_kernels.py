@@ -198,7 +198,7 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
         with torch.no_grad():
             out = prep.call(xn, yn, wn)
         _sync(x.device)
-        rec["setup_s"] = time.perf_counter() - t0  # construction (kernel compilation) + first call
+        rec["setup_s"] = time.perf_counter() - t0  # construction (kernel compilation) + first call; imports done before
         rec["note"] = prep.note
     except Unavailable as err:
         return {"status": "unavailable", "reason": str(err)}
@@ -279,10 +279,12 @@ def run_worker(job_file: str, results_file: str) -> None:
     """Every (problem, dtype, graph, implementation) of the job not in its skip list, in this process."""
     import torch
     from bench_graphs import build_graph
-    from bench_peers import ConvSpec, LABELS
+    from bench_peers import ConvSpec, LABELS, preload
     from bench_timing import QUICK_POLICY, L2Flusher, TimingPolicy
 
     job = json.loads(Path(job_file).read_text())
+    if job.get("device", "cuda") == "cuda":
+        preload(job["impls"])
     policy = QUICK_POLICY if job["quick"] else TimingPolicy()
     skip = {tuple(s) for s in job.get("skip", [])}
     device = job.get("device", "cuda")

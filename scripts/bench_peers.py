@@ -267,6 +267,23 @@ BUILDERS = {
 }
 
 
+_MODULES = {"mlip_accel-det": ("mlip_accel.runtime.backend",), "mlip_accel-atomic": ("mlip_accel.runtime.backend",),
+            "cueq-uniform_1d": ("cuequivariance_torch", "cuequivariance_ops_torch"),
+            "cueq-fused_tp": ("cuequivariance_torch", "cuequivariance_ops_torch", "nequip.nn._tp_scatter_cueq"),
+            "oeq-det": ("openequivariance",), "oeq-atomic": ("openequivariance",)}
+
+
+def preload(impls) -> None:
+    """Import the libraries of ``impls`` up front, so that a case's setup time is its own construction and
+    first call, not a library import (OpenEquivariance JIT-builds its extension on first import).
+    Failures are left for :func:`build` to report."""
+    for module in dict.fromkeys(m for i in impls for m in _MODULES.get(i, ())):
+        try:
+            importlib.import_module(module)
+        except Exception:
+            pass
+
+
 def build(impl: str, spec: ConvSpec, dtype, graph_cache: dict) -> Prepared:
     """Build ``impl`` for ``spec``; raises :class:`Unavailable` when it cannot run in this environment.
 
