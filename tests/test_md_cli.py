@@ -55,7 +55,7 @@ def test_default_run(tmp_path):
     text = out.stdout
     assert "built-in Cu fcc 4x4x4" in text and "atoms   : 256," in text
     assert re.search(r"speed   : [0-9.]+ steps/s, [0-9.]+ ns/day", text), text
-    assert "backend : mlip_accel" in text and "nequip model built-in Cu model" in text
+    assert "backend : mlip_accel" in text and "nequip model built-in Cu model" in text and "[Cu; r_max 4.5 A; float32]" in text
     if not torch.cuda.is_available():
         assert "no CUDA GPU found: running on the CPU" in text
         assert "reference" in text

@@ -30,5 +30,5 @@ def structure(repeat: int = 4, rattle: float = 0.05, seed: int = 0):
     return atoms
 
 
-SHORT_NAME = "Cu model (trained on ASE EMT, scripts/train_default_model.py)"
+SHORT_NAME = "Cu model (trained on ASE's EMT)"
 DESCRIPTION = "built-in Cu fcc 4x4x4 cubic supercell (256 atoms, rattled 0.05 A)"

@@ -119,8 +119,8 @@ class Potential:
         raise NotImplementedError
 
     def describe(self) -> str:
-        return (f"{self.framework} model {self.source} ({', '.join(self.symbols)}; r_max {self.r_max:g} A; "
-                f"{dtype_name(self.dtype)})")
+        return (f"{self.framework} model {self.source} [{', '.join(self.symbols)}; r_max {self.r_max:g} A; "
+                f"{dtype_name(self.dtype)}]")
 
 
 def cell_has_volume(cell: np.ndarray, pbc: np.ndarray) -> bool:
