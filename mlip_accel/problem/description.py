@@ -17,6 +17,7 @@ from ``weight_shape`` - e3nn's own layout, so model weights are used as they are
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from typing import Sequence
 
@@ -72,31 +73,31 @@ class TPProblem:
             acc += mul * (2 * l + 1)
         return out
 
-    @property
+    @functools.cached_property
     def dim_in1(self) -> int:
         return sum(self._dims(self.irreps_in1))
 
-    @property
+    @functools.cached_property
     def dim_in2(self) -> int:
         return sum(self._dims(self.irreps_in2))
 
-    @property
+    @functools.cached_property
     def dim_out(self) -> int:
         return sum(self._dims(self.irreps_out))
 
-    @property
+    @functools.cached_property
     def offsets_in1(self) -> list[int]:
         return self._offsets(self.irreps_in1)
 
-    @property
+    @functools.cached_property
     def offsets_in2(self) -> list[int]:
         return self._offsets(self.irreps_in2)
 
-    @property
+    @functools.cached_property
     def offsets_out(self) -> list[int]:
         return self._offsets(self.irreps_out)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Stable name of this problem: the same data gives the same key in every process."""
         return "tp_" + hashlib.sha1(repr(self).encode()).hexdigest()[:16]

@@ -1,0 +1,47 @@
+"""sort_edges: CSR by receiver, transpose by sender, validation."""
+import pytest
+import torch
+
+import mlip_accel
+
+
+def test_csr_and_transpose_are_consistent():
+    gen = torch.Generator().manual_seed(0)
+    n, e = 9, 40
+    dst, src = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
+    dst[:5] = 3  # repeated receivers keep their original order (stable)
+    g = mlip_accel.sort_edges(dst, src, n)
+    assert g.num_nodes == n and g.num_edges == e
+    assert sorted(g.perm.tolist()) == list(range(e)) and sorted(g.transpose_perm.tolist()) == list(range(e))
+    for perm, rowptr, keys in ((g.perm, g.rowptr, dst), (g.transpose_perm, g.transpose_rowptr, src)):
+        assert rowptr.shape == (n + 1,) and rowptr[0] == 0 and rowptr[-1] == e
+        for node in range(n):
+            ids = perm[rowptr[node]:rowptr[node + 1]]
+            assert (keys[ids] == node).all()
+            assert ids.tolist() == sorted(ids.tolist())  # stable: deterministic order within a row
+    assert (g.rowptr[1:] - g.rowptr[:-1]).tolist() == torch.bincount(dst, minlength=n).tolist()
+
+
+def test_empty_edges_and_isolated_nodes():
+    g = mlip_accel.sort_edges(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 4)
+    assert g.rowptr.tolist() == [0, 0, 0, 0, 0] and g.perm.numel() == 0
+    g = mlip_accel.sort_edges(torch.tensor([2]), torch.tensor([0]), 4)
+    assert g.rowptr.tolist() == [0, 0, 0, 1, 1] and g.transpose_rowptr.tolist() == [0, 1, 1, 1, 1]
+
+
+def test_int32_indices_accepted():
+    g = mlip_accel.sort_edges(torch.tensor([1, 0], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32), 2)
+    assert g.perm.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("dst,src,n,exc,match", [
+    (torch.tensor([0, 5]), torch.tensor([0, 1]), 5, ValueError, "edge_dst has index 5 out of range for 5 nodes"),
+    (torch.tensor([0, 1]), torch.tensor([-1, 1]), 5, ValueError, "edge_src has a negative index"),
+    (torch.tensor([0.0, 1.0]), torch.tensor([0, 1]), 5, TypeError, "edge_dst must be an integer tensor"),
+    (torch.tensor([[0, 1]]), torch.tensor([0, 1]), 5, ValueError, "edge_dst must be 1-D"),
+    (torch.tensor([0, 1]), torch.tensor([0, 1, 2]), 5, ValueError, "differ in length"),
+    (torch.tensor([0, 1]), torch.tensor([0, 1]), -1, ValueError, "num_nodes"),
+])
+def test_bad_edges_rejected(dst, src, n, exc, match):
+    with pytest.raises(exc, match=match):
+        mlip_accel.sort_edges(dst, src, n)

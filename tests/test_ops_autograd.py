@@ -1,0 +1,113 @@
+"""Custom ops: opcheck, gradcheck/gradgradcheck in fp64, gradients equal e3nn's, torch.compile."""
+import random
+
+import pytest
+import torch
+
+import mlip_accel
+from helpers import bench_e3nn_tp, bench_problems, e3nn_conv, e3nn_tp, random_graph, random_inputs, random_problem, rel_err
+
+SMALL = ("3x0e+2x1o", "1x0e+1x1o+1x2e", "3x0e+2x1o+2x2e")
+
+
+def small_tp(mode="uvu", shared=False):
+    from mlip_accel.problem import channelwise_problem
+    if mode == "uvu":
+        in1, out, ins = channelwise_problem(*SMALL)
+        return e3nn_tp(in1, SMALL[1], out, ins, shared_weights=shared)
+    return random_problem(random.Random(3), mode, lmax=1, shared_weights=shared)
+
+
+def conv_args(tp, deterministic, num_nodes=5, num_edges=11, requires_grad=False):
+    x, y, w = random_inputs(tp, num_nodes, num_edges, torch.float64, requires_grad=requires_grad)
+    dst, src = random_graph(num_nodes, num_edges, torch.Generator().manual_seed(2))
+    graph = mlip_accel.sort_edges(dst, src, num_nodes)
+    g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if deterministic else (None,) * 4
+    return x, y, w, dst, src, g
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_opcheck_conv_ops(deterministic):
+    tp = small_tp()
+    key = mlip_accel.TensorProductConv.from_e3nn(tp).problem_key
+    x, y, w, dst, src, g = conv_args(tp, deterministic, requires_grad=True)
+    torch.library.opcheck(torch.ops.mlip_accel.conv_forward.default, (x, y, w, dst, src, *g, key, "reference"))
+    gz = torch.randn(x.shape[0], tp.irreps_out.dim, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.mlip_accel.conv_backward.default, (x, y, w, gz, dst, src, *g, key, "reference"))
+    gg = [torch.randn_like(t) for t in (x, y, w)]
+    torch.library.opcheck(torch.ops.mlip_accel.conv_double_backward.default,
+                          (x.detach(), y.detach(), w.detach(), gz.detach(), *gg, dst, src, *g, key, "reference"))
+
+
+def test_opcheck_tp_ops():
+    tp = small_tp()
+    key = mlip_accel.TensorProduct.from_e3nn(tp).problem_key
+    x, y, w = random_inputs(tp, 7, 7, torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.mlip_accel.tp_forward.default, (x, y, w, key, "reference"))
+    gz = torch.randn(7, tp.irreps_out.dim, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(torch.ops.mlip_accel.tp_backward.default, (x, y, w, gz, key, "reference"))
+    torch.library.opcheck(torch.ops.mlip_accel.tp_double_backward.default,
+                          (x.detach(), y.detach(), w.detach(), gz.detach(), None, torch.randn_like(y), None, key,
+                           "reference"))
+
+
+@pytest.mark.parametrize("mode,shared", [("uvu", False), ("uvw", False), ("uvw", True), ("uuu", False)])
+def test_gradcheck_and_gradgradcheck_tp(mode, shared):
+    tp = small_tp(mode, shared)
+    ours = mlip_accel.TensorProduct.from_e3nn(tp, backend="reference")
+    x, y, w = random_inputs(tp, 3, 3, torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ours, (x, y, w))
+    assert torch.autograd.gradgradcheck(ours, (x, y, w), fast_mode=True)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_gradcheck_and_gradgradcheck_conv(deterministic):
+    tp = small_tp()
+    conv = mlip_accel.TensorProductConv.from_e3nn(tp, backend="reference", deterministic=deterministic)
+    x, y, w, dst, src, _ = conv_args(tp, deterministic, num_nodes=3, num_edges=5, requires_grad=True)
+    f = lambda a, b, c: conv(a, b, c, dst, src)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, y, w))
+    assert torch.autograd.gradgradcheck(f, (x, y, w), fast_mode=True)
+
+
+@pytest.mark.parametrize("problem", bench_problems()[:2], ids=lambda p: p["name"])
+def test_force_training_derivatives_match_e3nn(problem):
+    """First and second derivatives through a position-like path, as force training takes them."""
+    tp = bench_e3nn_tp(problem)
+    conv = mlip_accel.TensorProductConv.from_e3nn(tp)
+    gen = torch.Generator().manual_seed(5)
+    dst, src = random_graph(6, 20, gen)
+    results = []
+    for impl in (lambda *a: conv(*a, dst, src), lambda *a: e3nn_conv(tp, *a, dst, src)):
+        torch.manual_seed(0)
+        x, y, w = random_inputs(tp, 6, 20, torch.float64, requires_grad=True)
+        energy = impl(x, y, w).pow(2).sum()
+        forces = torch.autograd.grad(energy, (x, y, w), create_graph=True)
+        loss = sum(f.pow(2).sum() for f in forces)
+        results.append([*forces, *torch.autograd.grad(loss, (x, y, w))])
+    for a, b in zip(*results):
+        assert rel_err(a, b) <= 1e-10
+
+
+def test_torch_compile_fullgraph():
+    tp = small_tp()
+    conv = mlip_accel.TensorProductConv.from_e3nn(tp, backend="reference")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x, y, w, dst, src):
+            graph = mlip_accel.sort_edges(dst, src, x.shape[0])
+            return self.conv(x, y, w, dst, src, graph=graph).pow(2).sum()
+
+    model = Model()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x, y, w, dst, src, _ = conv_args(tp, True, requires_grad=True)
+    e_ref = model(x, y, w, dst, src)
+    e = compiled(x, y, w, dst, src)
+    assert rel_err(e, e_ref) <= 1e-12
+    g_ref = torch.autograd.grad(e_ref, x)[0]
+    g = torch.autograd.grad(e, x)[0]
+    assert rel_err(g, g_ref) <= 1e-12
