@@ -113,14 +113,32 @@ class Potential:
         self.backend = resolve(backend, self.device)
         return self
 
+    def inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
+               neighbors: Neighbors) -> dict:
+        """The model's input dict for one structure (tensors on the model's device)."""
+        raise NotImplementedError
+
+    def forward(self, inputs: dict, stress: bool) -> dict:
+        """The model's raw outputs (energy, forces via autograd inside the model, stress when asked)."""
+        raise NotImplementedError
+
+    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+        raise NotImplementedError
+
     def evaluate(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
                  neighbors: Neighbors, stress: bool) -> Evaluation:
         """Energy, forces (and stress when asked and the cell has a volume) of one structure."""
-        raise NotImplementedError
+        with_stress = stress and cell_has_volume(cell, pbc)
+        outputs = self.forward(self.inputs(positions, cell, pbc, types, neighbors), stress=with_stress)
+        return self.results(outputs, with_stress)
 
     def describe(self) -> str:
         return (f"{self.framework} model {self.source} [{', '.join(self.symbols)}; r_max {self.r_max:g} A; "
                 f"{dtype_name(self.dtype)}]")
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().astype(np.float64)
 
 
 def cell_has_volume(cell: np.ndarray, pbc: np.ndarray) -> bool:

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import InputError, ModelFileError
 from ..neighbors import Neighbors
-from .base import Evaluation, Potential, cell_has_volume
+from .base import Evaluation, Potential, to_numpy
 
 
 def available() -> bool:
@@ -85,14 +85,14 @@ class MACEPotential(Potential):
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def evaluate(self, positions, cell, pbc, types, neighbors: Neighbors, stress: bool) -> Evaluation:
+    def inputs(self, positions, cell, pbc, types, neighbors: Neighbors) -> dict:
         dtype, n = self.dtype, len(positions)
         as_model = dict(dtype=dtype, device=self.device)
         cell_t = torch.as_tensor(np.asarray(cell), **as_model).view(3, 3)
         # MACE sends messages from edge_index[0] to edge_index[1]; our edges point from the receiver to
         # the neighbour, so the MACE edge (neighbour -> receiver) carries the opposite shift.
         unit_shifts = (-neighbors.unit_shifts).to(dtype)
-        data = {
+        return {
             "positions": torch.as_tensor(positions, **as_model),
             "node_attrs": torch.nn.functional.one_hot(types, len(self.symbols)).to(dtype),
             "edge_index": torch.stack([neighbors.senders, neighbors.receivers]),
@@ -103,10 +103,13 @@ class MACEPotential(Potential):
             "ptr": torch.tensor([0, n], dtype=torch.long, device=self.device),
             "head": self._head_index,
         }
-        with_stress = stress and cell_has_volume(cell, pbc)
-        out = self.model(data, compute_stress=with_stress, training=False)
+
+    def forward(self, inputs: dict, stress: bool) -> dict:
+        return self.model(inputs, compute_stress=stress, training=False)
+
+    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
         return Evaluation(
-            energy=float(out["energy"].detach().reshape(())),
-            energies=out["node_energy"].detach().reshape(-1).cpu().numpy().astype(np.float64),
-            forces=out["forces"].detach().cpu().numpy().astype(np.float64),
-            stress=out["stress"].detach().reshape(3, 3).cpu().numpy().astype(np.float64) if with_stress else None)
+            energy=float(outputs["energy"].detach().reshape(())),
+            energies=to_numpy(outputs["node_energy"].reshape(-1)),
+            forces=to_numpy(outputs["forces"]),
+            stress=to_numpy(outputs["stress"].reshape(3, 3)) if with_stress else None)

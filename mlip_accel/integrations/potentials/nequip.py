@@ -16,7 +16,7 @@ import torch
 
 from ..errors import InputError, ModelFileError
 from ..neighbors import Neighbors
-from .base import Evaluation, Potential, cell_has_volume, dtype_name
+from .base import Evaluation, Potential, dtype_name, to_numpy
 
 BUILDER_FORMAT = "mlip_accel.nequip-builder/1"
 # Builders a builder file may name (looked up in nequip.model): data in a file never picks arbitrary code.
@@ -121,7 +121,7 @@ class NequIPPotential(Potential):
     def dtype(self) -> torch.dtype:
         return self._dtype
 
-    def evaluate(self, positions, cell, pbc, types, neighbors: Neighbors, stress: bool) -> Evaluation:
+    def inputs(self, positions, cell, pbc, types, neighbors: Neighbors) -> dict:
         from nequip.data import AtomicDataDict as K
 
         # nequip keeps positions and cells in float64 whatever the model dtype (its global dtype)
@@ -130,12 +130,19 @@ class NequIPPotential(Potential):
                 K.EDGE_INDEX_KEY: torch.stack([neighbors.receivers, neighbors.senders]),
                 K.ATOM_TYPE_KEY: types}
         if np.asarray(pbc).any():
-            data[K.CELL_KEY] = torch.as_tensor(cell, **f64).view(1, 3, 3)
+            data[K.CELL_KEY] = torch.as_tensor(np.asarray(cell), **f64).view(1, 3, 3)
             data[K.EDGE_CELL_SHIFT_KEY] = neighbors.unit_shifts.to(torch.float64)
-        out = self.model(data)
-        with_stress = stress and cell_has_volume(cell, pbc) and K.STRESS_KEY in out
+        return data
+
+    def forward(self, inputs: dict, stress: bool) -> dict:
+        return self.model(inputs)  # nequip computes the stress whenever there is a cell
+
+    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+        from nequip.data import AtomicDataDict as K
+
+        with_stress = with_stress and K.STRESS_KEY in outputs
         return Evaluation(
-            energy=float(out[K.TOTAL_ENERGY_KEY].detach().reshape(())),
-            energies=out[K.PER_ATOM_ENERGY_KEY].detach().reshape(-1).cpu().numpy().astype(np.float64),
-            forces=out[K.FORCE_KEY].detach().cpu().numpy().astype(np.float64),
-            stress=out[K.STRESS_KEY].detach().reshape(3, 3).cpu().numpy().astype(np.float64) if with_stress else None)
+            energy=float(outputs[K.TOTAL_ENERGY_KEY].detach().reshape(())),
+            energies=to_numpy(outputs[K.PER_ATOM_ENERGY_KEY].reshape(-1)),
+            forces=to_numpy(outputs[K.FORCE_KEY]),
+            stress=to_numpy(outputs[K.STRESS_KEY].reshape(3, 3)) if with_stress else None)
