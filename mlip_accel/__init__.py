@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from .graph import EdgeGraph, sort_edges
 from .modules import TensorProduct, TensorProductConv
-from .patches import NotAcceleratable
+from .patches import NotAcceleratable, ParityCheckFailed
 from .ops.backends import BackendUnavailable, cuda_unavailable_reason
 
 
@@ -17,4 +17,5 @@ def accelerate(obj, **kwargs):
 
 
 __all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "BackendUnavailable",
-           "cuda_unavailable_reason", "accelerate", "NotAcceleratable"]
+           "cuda_unavailable_reason", "accelerate", "NotAcceleratable",
+           "ParityCheckFailed"]

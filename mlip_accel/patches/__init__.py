@@ -13,6 +13,10 @@ import sys
 _ADAPTERS = (("nequip", "mlip_accel.patches.nequip"), ("mace", "mlip_accel.patches.mace"))
 
 
+class ParityCheckFailed(RuntimeError):
+    """The accelerated model's outputs differed from the original's on the probe; the model was left as it was."""
+
+
 class NotAcceleratable(TypeError):
     """The object holds no convolution mlip_accel knows how to replace; the message says why."""
 

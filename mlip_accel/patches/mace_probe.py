@@ -12,6 +12,8 @@ import re
 import numpy as np
 import torch
 
+from . import ParityCheckFailed
+
 # Outputs compared; "node_feats" holds every interaction's output, so a bad layer cannot hide.
 COMPARED = ("energy", "forces", "stress", "node_feats")
 
@@ -26,10 +28,6 @@ COMPARED = ("energy", "forces", "stress", "node_feats")
 RTOL_FLOAT32 = 1e-4
 RTOL_FLOAT64 = 1e-9
 RTOL_FLOAT64_ROUNDED_CG = 1e-6
-
-
-class ParityCheckFailed(RuntimeError):
-    """The accelerated model's outputs differ from the unaccelerated model's on the probe structure."""
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
