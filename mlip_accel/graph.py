@@ -30,6 +30,54 @@ class EdgeGraph:
                                             if isinstance(getattr(self, f.name), torch.Tensor)})
 
 
+def _storage_key(t: torch.Tensor) -> tuple:
+    # The address alone could be reused by a later edge list once the old one is freed: the cache holds a
+    # reference to the tensors its entry was built from, so while the entry lives the address cannot be
+    # reused, and the version counter catches in-place edits. Inference tensors have no version counter.
+    version = None if t.is_inference() else t._version
+    return (t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            version)
+
+
+class EdgeSortCache:
+    """One CSR sort of the edges per forward pass, shared by every accelerated layer of a model.
+
+    Every layer of a forward pass receives the same edge list (the same storage, maybe through new views),
+    so the first layer sorts it and the others find the result here. A new edge list (next MD step, next
+    batch) or an in-place edit misses the one-entry cache and is sorted once again. Inference tensors keep
+    no version counter, so for them a hit is confirmed against a copy of the indices. Under tracing
+    (torch.compile, export) there is no storage to key on and each layer sorts for itself.
+    """
+
+    def __init__(self):
+        # (key, tensors the key refers to, index copies for inference tensors or None, graph), replaced as one
+        # tuple so that a model shared between threads never pairs one structure's key with another's graph
+        self._entry = None
+        self.sorts = 0  # how many sorts this cache made (diagnostics, tests)
+
+    def graph(self, edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> "EdgeGraph":
+        if _compiling() or _is_fake(edge_dst) or _is_fake(edge_src):
+            return sort_edges(edge_dst, edge_src, num_nodes)
+        key = (_storage_key(edge_dst), _storage_key(edge_src), num_nodes)
+        entry = self._entry
+        if entry is not None and entry[0] == key and (
+                entry[2] is None or (torch.equal(entry[2][0], edge_dst) and torch.equal(entry[2][1], edge_src))):
+            return entry[3]
+        graph = sort_edges(edge_dst, edge_src, num_nodes)
+        copies = (edge_dst.clone(), edge_src.clone()) if edge_dst.is_inference() or edge_src.is_inference() else None
+        self._entry = (key, (edge_dst, edge_src), copies, graph)
+        self.sorts += 1
+        return graph
+
+    def __getstate__(self):  # a pickled or deep-copied model starts with an empty cache
+        return {"_entry": None, "sorts": 0}
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return is_fake(t)
+
+
 def _compiling() -> bool:
     return torch.compiler.is_compiling() if hasattr(torch, "compiler") else False
 

@@ -45,3 +45,21 @@ def test_int32_indices_accepted():
 def test_bad_edges_rejected(dst, src, n, exc, match):
     with pytest.raises(exc, match=match):
         mlip_accel.sort_edges(dst, src, n)
+
+
+def test_edge_sort_cache_sorts_once_per_edge_list_and_notices_edits():
+    cache = mlip_accel.graph.EdgeSortCache()
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    g1 = cache.graph(edge_index[1], edge_index[0], 3)
+    assert cache.graph(edge_index[1], edge_index[0], 3) is g1 and cache.sorts == 1  # new views, same storage
+    edge_index[1, 0] = 0  # in place: the version counter moves
+    g2 = cache.graph(edge_index[1], edge_index[0], 3)
+    assert cache.sorts == 2 and g2.rowptr.tolist() == [0, 2, 3, 4]
+    with torch.inference_mode():
+        frozen = torch.tensor([[0, 1], [1, 0]])
+        cache.graph(frozen[1], frozen[0], 2)
+        cache.graph(frozen[1], frozen[0], 2)
+        assert cache.sorts == 3
+        frozen[1] = torch.tensor([1, 1])  # inference tensors keep no version: caught by the index copy
+        g = cache.graph(frozen[1], frozen[0], 2)
+        assert cache.sorts == 4 and g.rowptr.tolist() == [0, 0, 2]

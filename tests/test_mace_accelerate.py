@@ -115,8 +115,9 @@ def test_edges_sorted_once_per_forward(structures, monkeypatch):
         calls.append(edge_dst.shape[0])
         return sort_edges(edge_dst, edge_src, num_nodes)
 
-    sort_edges = mace_conv.sort_edges
-    monkeypatch.setattr(mace_conv, "sort_edges", counting_sort)
+    from mlip_accel import graph as graph_module
+    sort_edges = graph_module.sort_edges
+    monkeypatch.setattr(graph_module, "sort_edges", counting_sort)
     _, fast = _accelerated_pair()
     assert len({id(c.graphs) for c in _convs(fast)}) == 1  # one shared cache for both interactions
     calls.clear()

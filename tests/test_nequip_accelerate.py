@@ -11,6 +11,7 @@ import torch
 nequip = pytest.importorskip("nequip")
 
 import mlip_accel  # noqa: E402
+from mlip_accel import graph as graph_module  # noqa: E402
 import nequip_fixtures as F  # noqa: E402
 from mlip_accel.integrations.nequip import probe, tp_scatter  # noqa: E402
 from mlip_accel.integrations.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
@@ -85,7 +86,7 @@ def test_state_dicts_compatible_both_ways(structures):
 
 def test_edges_sorted_once_per_forward_pass(structures, monkeypatch):
     calls = []
-    real_sort = tp_scatter.sort_edges
+    real_sort = graph_module.sort_edges
 
     def counting_sort(*args, **kwargs):
         calls.append(args[0].shape[0])
@@ -94,7 +95,7 @@ def test_edges_sorted_once_per_forward_pass(structures, monkeypatch):
     def conv_must_not_sort(*args, **kwargs):
         raise AssertionError("TensorProductConv sorted the edges itself instead of using the shared sort")
 
-    monkeypatch.setattr(tp_scatter, "sort_edges", counting_sort)
+    monkeypatch.setattr(graph_module, "sort_edges", counting_sort)
     monkeypatch.setattr("mlip_accel.modules.tensor_product.sort_edges", conv_must_not_sort)
     model = F.tiny_model(num_layers=3)
     mlip_accel.accelerate(model, check=False)
@@ -120,7 +121,7 @@ def test_atomic_mode_does_not_sort(structures, monkeypatch):
 
     model = F.tiny_model()
     mlip_accel.accelerate(model, deterministic=False, check=False)
-    monkeypatch.setattr(tp_scatter, "sort_edges", no_sort)
+    monkeypatch.setattr(graph_module, "sort_edges", no_sort)
     monkeypatch.setattr("mlip_accel.modules.tensor_product.sort_edges", no_sort)
     F.evaluate(model, structures)
 

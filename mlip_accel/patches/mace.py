@@ -3,13 +3,14 @@
 Each supported interaction block gets ``conv_tp = MACEFusedConv(old conv_tp)`` and a ``conv_fusion``
 attribute, the switch MACE's blocks test before calling ``conv_tp(node_feats, edge_attrs, tp_weights,
 edge_index)``; nothing else in the model changes. All blocks of one model share one
-:class:`~.mace_conv.SharedEdgeGraph`, so the edges are sorted once per forward pass, not once per layer.
+:class:`~mlip_accel.graph.EdgeSortCache`, so the edges are sorted once per forward pass, not once per layer.
 """
 from __future__ import annotations
 
 from ..problem.e3nn_compat import o3
 from . import NotAcceleratable
-from .mace_conv import MACEFusedConv, SharedEdgeGraph
+from ..graph import EdgeSortCache
+from .mace_conv import MACEFusedConv
 from .mace_probe import ParityCheckFailed, compare, probe_batch, run_probe, tolerance
 
 CONV_FUSION_TAG = "mlip_accel"
@@ -114,7 +115,7 @@ def _plan(model) -> list:
 def _install(blocks, backend: str, deterministic: bool) -> list:
     """Swap the fused convolution into ``blocks``; returns undo records for :func:`_uninstall`."""
     shared = next((b.conv_tp.graphs for b in blocks if isinstance(b.conv_tp, MACEFusedConv)), None)
-    shared = shared or SharedEdgeGraph()
+    shared = shared or EdgeSortCache()
     undo = []
     for block in blocks:
         conv = block.conv_tp

@@ -7,53 +7,15 @@ does not import MACE, so that an accelerated model unpickles wherever mlip_accel
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 from torch import nn
 
-from ..graph import EdgeGraph, sort_edges
+from ..graph import EdgeSortCache
 from ..modules import TensorProductConv
 
 # The replaced e3nn module lives on as a child of this name: its state_dict entries keep MACE's keys and
 # restoring the plain block is a swap back.
 E3NN_CHILD = "e3nn_tp"
-
-
-class SharedEdgeGraph:
-    """The CSR sort of a model's edge list, made by the first interaction block that sees it, reused by the rest.
-
-    All interaction blocks of a MACE forward pass receive the same ``edge_index`` tensor, so the sort is
-    keyed on that tensor's identity (a weak reference: no stale hit once it is freed), its in-place
-    version counter and the node count. A new structure, or an edited one, gets a new sort.
-    """
-
-    def __init__(self):
-        # (weakref to the edge_index last sorted, its version, num_nodes, graph), read and replaced as one
-        # tuple so that a model shared between threads never pairs one structure's key with another's graph
-        self._entry = None
-        self.sorts = 0  # how many sorts this cache made (diagnostics)
-
-    @staticmethod
-    def _version(edge_index: torch.Tensor):
-        # inference tensors (torch.inference_mode) keep no version counter; they are keyed on identity
-        return None if edge_index.is_inference() else edge_index._version
-
-    def get(self, edge_index: torch.Tensor, num_nodes: int) -> EdgeGraph:
-        entry, version = self._entry, self._version(edge_index)
-        if entry is not None and entry[0]() is edge_index and entry[1] == version and entry[2] == num_nodes:
-            return entry[3]
-        graph = sort_edges(edge_index[1], edge_index[0], num_nodes)
-        self._entry = (weakref.ref(edge_index), version, num_nodes, graph)
-        self.sorts += 1
-        return graph
-
-    # The cache never travels with a saved or copied model (weak references do not pickle anyway).
-    def __getstate__(self):
-        return {"sorts": 0}
-
-    def __setstate__(self, state):
-        self.__init__()
 
 
 def _save_as_plain(module, state_dict, prefix, local_metadata) -> None:
@@ -80,7 +42,7 @@ class MACEFusedConv(nn.Module):
     under the same keys, so checkpoints are interchangeable with the plain model.
     """
 
-    def __init__(self, e3nn_tp: nn.Module, graphs: SharedEdgeGraph, backend: str = "auto",
+    def __init__(self, e3nn_tp: nn.Module, graphs: EdgeSortCache, backend: str = "auto",
                  deterministic: bool = True):
         super().__init__()
         self.conv = TensorProductConv.from_e3nn(e3nn_tp, backend=backend, deterministic=deterministic)
@@ -115,5 +77,5 @@ class MACEFusedConv(nn.Module):
         if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError("edge_index must be a (2, num_edges) tensor of (sender, receiver) ids, got "
                              f"{tuple(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index)}")
-        graph = self.graphs.get(edge_index, node_feats.shape[0]) if self.conv.deterministic else None
+        graph = self.graphs.graph(edge_index[1], edge_index[0], node_feats.shape[0]) if self.conv.deterministic else None
         return self.conv(node_feats, edge_attrs, tp_weights, edge_index[1], edge_index[0], graph=graph)

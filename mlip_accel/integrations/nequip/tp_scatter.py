@@ -10,52 +10,10 @@ import dataclasses
 
 import torch
 from nequip.nn._tp_scatter_base import TensorProductScatter
-from torch._subclasses.fake_tensor import is_fake
 
-from ...graph import EdgeGraph, sort_edges
+from ...graph import EdgeSortCache
 from ...modules import TensorProductConv
 from ...ops.backends import check_backend_name
-
-
-def _uncacheable(t: torch.Tensor) -> bool:
-    # Under tracing (torch.compile, export) there is no storage to key on. Inference tensors have no
-    # version counter, so an in-place update of a reused edge buffer could not be noticed.
-    return torch.compiler.is_compiling() or is_fake(t) or t.is_inference()
-
-
-def _identity(t: torch.Tensor) -> tuple:
-    # The storage address alone could be reused by a later edge list once the old one is freed; the
-    # cache holds a reference to the tensors it was built from, so while the entry lives the address
-    # cannot be reused, and the version counter catches in-place edits.
-    return (t.device, t.dtype, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
-            t.stride(), t._version)
-
-
-class SharedEdgeSort:
-    """One CSR sort of the edges per forward pass, shared by every accelerated layer of a model.
-
-    Every interaction block receives the same ``edge_index`` tensor within a forward pass, so the first
-    layer sorts it and the others find the result here. A new edge list (next MD step, next batch)
-    misses the one-entry cache and is sorted once again. Under tracing (torch.compile / export) and for
-    inference-mode tensors each layer sorts for itself (correct, only slower).
-    """
-
-    def __init__(self):
-        self._entry = None  # (key, (edge_dst, edge_src), graph), replaced as one tuple: thread-safe reads
-
-    def graph(self, edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> EdgeGraph:
-        if _uncacheable(edge_dst) or _uncacheable(edge_src):
-            return sort_edges(edge_dst, edge_src, num_nodes)
-        key = (_identity(edge_dst), _identity(edge_src), num_nodes)
-        entry = self._entry
-        if entry is not None and entry[0] == key:
-            return entry[2]
-        graph = sort_edges(edge_dst, edge_src, num_nodes)
-        self._entry = (key, (edge_dst, edge_src), graph)
-        return graph
-
-    def __getstate__(self):  # a pickled or deep-copied model starts with an empty cache
-        return {"_entry": None}
 
 
 class MlipAccelTensorProductScatter(TensorProductScatter):
@@ -65,7 +23,7 @@ class MlipAccelTensorProductScatter(TensorProductScatter):
     recognises it. Built from an existing ``TensorProductScatter`` without re-running e3nn's code generation.
     """
 
-    def __init__(self, old: torch.nn.Module, edge_sort: SharedEdgeSort, deterministic: bool = True,
+    def __init__(self, old: torch.nn.Module, edge_sort: EdgeSortCache, deterministic: bool = True,
                  backend: str = "auto"):
         torch.nn.Module.__init__(self)  # not TensorProductScatter.__init__: it would rebuild the e3nn tp
         self.feature_irreps_in = old.feature_irreps_in
@@ -132,7 +90,7 @@ def plan_swaps(root: torch.nn.Module, deterministic: bool = True, backend: str =
     """
     check_options(deterministic, backend)
     options = {"deterministic": deterministic, "backend": backend}
-    edge_sort = SharedEdgeSort()
+    edge_sort = EdgeSortCache()
     swaps, replacement = [], {}  # one replacement per module, even if it is reachable twice
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
