@@ -1,0 +1,90 @@
+"""scripts/bench_md.py on the CPU: the benchmark's structures are the ones the ASE calculator sees, and the
+merge step turns framework parts into the JSON, the markdown table, the plot and the README summary."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ase")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+
+import bench_md  # noqa: E402
+
+
+@pytest.mark.nequip
+def test_bench_structure_is_what_the_calculator_sees():
+    """Lattice shifts rebuilt from bench_graphs' edge vectors give the calculator's energy and forces."""
+    from ase import Atoms
+    from bench_graphs import build_graph
+
+    import nequip_fixtures as F
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+    from mlip_accel.integrations.potentials import potential_from_model
+
+    F.init_nequip()
+    import nequip.model
+
+    model = nequip.model.NequIPGNNModel(seed=0, model_dtype="float64", type_names=["C"], r_max=3.0, l_max=1,
+                                        num_layers=2, num_features=4, radial_mlp_width=8, avg_num_neighbors=10.0)
+    for name in ("carbon-2c", bench_md.MOLECULE):
+        pos, cell, pbc, numbers, neighbors = bench_md.structure(build_graph(name))
+        potential = potential_from_model(model, device="cpu")
+        ours = potential.evaluate(pos, cell, pbc, potential.atom_types(numbers), neighbors, stress=False)
+        atoms = Atoms(numbers=numbers, positions=pos, cell=cell, pbc=pbc)
+        atoms.calc = AcceleratedCalculator.from_model(model, device="cpu", accelerate=False)
+        np.testing.assert_allclose(ours.energy, atoms.get_potential_energy(), rtol=1e-12)
+        forces = atoms.get_forces()
+        assert np.abs(forces).max() > 1e-6  # rattled: the check is not vacuous
+        np.testing.assert_allclose(ours.forces, forces, atol=1e-10 * np.abs(forces).max())
+
+
+def _case(fw, impl, dtype, graph, atoms, ms=None, status="ok", err=None):
+    case = {"framework": fw, "impl": impl, "dtype": dtype, "graph": graph, "atoms": atoms, "edges": 158 * atoms,
+            "status": status}
+    if status == "ok":
+        case.update(ms_median=ms, steps_per_s=1000.0 / ms, peak_mib=100.0 * atoms / 64, force_rel_err=err)
+    return case
+
+
+def _part(fw):
+    cases = []
+    for dtype in bench_md.DTYPES:
+        for graph, atoms in ((bench_md.MOLECULE, 32), ("carbon-2c", 64), ("carbon-5c", 1000)):
+            cases += [_case(fw, "e3nn", dtype, graph, atoms, ms=10.0 * atoms / 32),
+                      _case(fw, "cueq", dtype, graph, atoms, ms=2.0 * atoms / 32, err=1e-6),
+                      _case(fw, "mlip_accel", dtype, graph, atoms, ms=1.0 * atoms / 32, err=2e-7)]
+        cases.append(_case(fw, "oeq", dtype, "carbon-5c", 1000, status="out of memory"))
+    return {"framework": fw, "model": f"{fw} model", "parameters": {}, "device": "Test GPU",
+            "versions": {"torch": "x"}, "quick": False, "seconds": 1.0, "cases": cases,
+            "profiles": {"mlip_accel": "kernel table"} if fw == "mace" else {}}
+
+
+def test_merge_writes_report_plot_and_readme(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    parts, out = tmp_path / "parts", tmp_path / "out"
+    parts.mkdir()
+    for fw in bench_md.FRAMEWORKS:
+        (parts / f"bench_md.{fw}.json").write_text(json.dumps(_part(fw)))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{bench_md.MARKERS[0]}\nold numbers\n{bench_md.MARKERS[1]}\noutro\n")
+    monkeypatch.setattr(bench_md, "README", str(readme))
+    bench_md.main(["--merge", "--parts-dir", str(parts), "--out-dir", str(out)])
+
+    merged = json.loads((out / "bench_md.json").read_text())
+    assert len(merged["cases"]) == 2 * len(_part("mace")["cases"])
+    table = (out / "bench_md.md").read_text()
+    # carbon-1k row: e3nn 3.2 steps/s, cuEq 16, mlip_accel 32 -> 10x e3nn, 2x the best peer; OEQ ran out of memory
+    assert "| carbon-5c | 1000 | 158000 | 3.2 | 16.0 | OOM | 32.0 | 10.00x | 2.00x |" in table
+    assert "- mace OpenEquivariance float32: out of memory" in table
+    assert (out / "bench_md.png").stat().st_size > 10_000
+    assert "kernel table" in (out / "bench_md_profile.md").read_text()
+    text = readme.read_text()
+    assert "old numbers" not in text and text.startswith("intro\n") and text.endswith("outro\n")
+    assert "- MACE float32, carbon-1k: mlip_accel 32.0 steps/s, 10.00x e3nn, 2.00x the best peer" in text
+
+
+def test_merge_without_parts_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no bench_md"):
+        bench_md.main(["--merge", "--parts-dir", str(tmp_path), "--out-dir", str(tmp_path)])
