@@ -11,6 +11,7 @@ measured copy bandwidth), peak extra memory, first-compile and disk-cache load t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -103,10 +104,10 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
     key = register_problem(problem)
     ops = torch.ops.mlip_accel
     size = torch.finfo(dtype).bits // 8
-    floor_fwd = (x.numel() + y.numel() + w.numel() + gz.numel()) * size
+    floor_fwd = (x.numel() + y.numel() + w.numel() + gz.numel()) * size  # read x, y, w; write out
     floor_bwd = 2 * floor_fwd  # read x, y, w, grad_z; write grad x, y, w
     res = {"problem": name, "dtype": str(dtype).split(".")[-1], "nodes": num_nodes, "edges": num_edges,
-           "floor_fwd_ms": floor_fwd / bandwidth / 1e6, "floor_bwd_ms": floor_bwd / bandwidth / 1e6}
+           "floor_fwd_ms": floor_fwd / bandwidth * 1e3, "floor_bwd_ms": floor_bwd / bandwidth * 1e3}
     ggs = [rnd(*t.shape) for t in (x, y, w)]
     for label, gr in (("det", graph), ("atomic", None)):
         gt = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if gr is not None else (None,) * 4
@@ -138,6 +139,76 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
     return res
 
 
+FWD_BUDGETS = (24, 32, 48, 64, 96)  # accumulators per lane
+BWD_BUDGETS = (6, 8, 12, 16, 24)
+SWEEP_EPW = (32, 64, None)  # None: the backend's default (the mean degree)
+
+
+def kernel_resources(gm) -> dict:
+    """Registers per thread and local (spill) bytes of a module's walk kernel, read from the driver."""
+    from cupy_backends.cuda.api import driver
+    from mlip_accel.runtime.executor import executor_for
+    func = executor_for(torch.device("cuda", torch.cuda.current_device())).function(
+        gm, gm.walk_kernel, torch.device("cuda", torch.cuda.current_device()))
+    return {"regs": driver.funcGetAttribute(4, func), "local_bytes": driver.funcGetAttribute(3, func)}
+
+
+def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: int) -> list[dict]:
+    """Deterministic forward and backward under each register budget and edges-per-warp setting."""
+    import concurrent.futures
+    import multiprocessing
+    from mlip_accel.runtime import precompile
+    dt = str(dtype).split(".")[-1]
+    target = compiler.target_for(torch.cuda.get_device_capability())
+    sources = []
+    for b in FWD_BUDGETS:
+        with cuda.accumulator_budget(forward=b):
+            sources.append(cuda.module_for(problem, dt, "forward", "det").source)
+    for b in BWD_BUDGETS:
+        with cuda.accumulator_budget(backward=b):
+            sources.append(cuda.module_for(problem, dt, "backward", "det").source)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(precompile._compile_one, [(src, target) for src in sources], chunksize=1))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *sh: torch.randn(*sh, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
+    gz = rnd(num_nodes, problem.dim_out)
+    dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    graph = sort_edges(dst, src, num_nodes)
+    rows = []
+    for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
+        for b in budgets:
+            with cuda.accumulator_budget(**{direction: b}):
+                gm = cuda.module_for(problem, dt, direction, "det")
+                fn = ((lambda: cuda.conv_forward(problem, x, y, w, dst, src, graph)) if direction == "forward" else
+                      (lambda: cuda.conv_backward(problem, x, y, w, gz, dst, src, graph)))
+                for epw in SWEEP_EPW:
+                    ctx = cuda.edges_per_warp(epw) if epw else contextlib.nullcontext()
+                    with ctx:
+                        ms = median_ms(fn, 10)
+                    rows.append({"problem": name, "dtype": dt, "direction": direction, "budget": b,
+                                 "phases": gm.num_phases, "epw": epw or "mean-degree", "ms": ms,
+                                 **kernel_resources(gm)})
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def once(problem, dtype, num_nodes: int, num_edges: int, rounds: int = 2) -> None:
+    """Deterministic forward and backward, ``rounds`` times (for a profiler: skip the first round)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *sh: torch.randn(*sh, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
+    gz = rnd(num_nodes, problem.dim_out)
+    dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
+    graph = sort_edges(dst, src, num_nodes)
+    for _ in range(rounds):
+        cuda.conv_forward(problem, x, y, w, dst, src, graph)
+        cuda.conv_backward(problem, x, y, w, gz, dst, src, graph)
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--problems", default="mace-large,mace-medium,nequip-benzene")
@@ -146,11 +217,38 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=158000)
     parser.add_argument("--e3nn", default="mace-large", help="problems also timed with e3nn")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--sweep", default="", help="problem:dtype,... to sweep register budgets and chunking")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--once", default="", help="problem:dtype: run det forward + backward twice, no timing")
     args = parser.parse_args()
     specs = {p["name"]: p for p in bench_problem_specs()}
+    if args.once:
+        name, dt = args.once.split(":")
+        once(bench_problem(specs[name]), getattr(torch, dt), args.nodes, args.edges)
+        return
     bandwidth = copy_bandwidth_gbs() * 1e9
     print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)", flush=True)
     results = []
+    if args.sweep:
+        rows = []
+        for case in args.sweep.split(","):
+            name, dt = case.split(":")
+            try:
+                rows += sweep(bench_problem(specs[name]), name, getattr(torch, dt), args.nodes, args.edges,
+                              args.workers)
+            except Exception:
+                print(traceback.format_exc()[-2000:], flush=True)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "kernel_sweep.json").write_text(json.dumps(rows, indent=1))
+        best = {}
+        for r in rows:
+            k = (r["problem"], r["dtype"], r["direction"])
+            if k not in best or r["ms"] < best[k]["ms"]:
+                best[k] = r
+        for r in best.values():
+            print(f"best {r['problem']} {r['dtype']} {r['direction']}: budget {r['budget']} ({r['phases']} phases,"
+                  f" {r['regs']} regs, {r['local_bytes']} B local), epw {r['epw']}: {r['ms']:.3f} ms")
+        return
     for name in args.problems.split(","):
         problem = bench_problem(specs[name])
         for dt in args.dtypes.split(","):

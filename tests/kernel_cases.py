@@ -107,3 +107,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
+
+
+def channelwise(in1: str, in2: str, lmax: int = 3) -> TPProblem:
+    """Every uvu path of in1 x in2 up to lmax, built as MACE/NequIP build theirs."""
+    target = "+".join(f"1x{l}{p}" for l in range(lmax + 1) for p in "eo")
+    i1, out, ins = channelwise_problem(in1, in2, target)
+    return describe(i1, in2, out, ins, shared_weights=False, internal_weights=False)

@@ -10,7 +10,7 @@ import pytest
 
 from kernel_cases import bench_problem, bench_problem_specs, problems_json
 from mlip_accel.codegen import KernelSpec, generate
-from mlip_accel.runtime.backend import ACC_BUDGET_REGS
+from mlip_accel.runtime.backend import budget_for
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
 
@@ -39,8 +39,7 @@ def compiled():
         problem = bench_problem(spec)
         for dtype in DTYPES:
             for direction, variant in FAMILIES:
-                gm = generate(KernelSpec(problem, dtype, direction, variant,
-                                         budget_regs=ACC_BUDGET_REGS[direction]))
+                gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype)))
                 for arch in ARCHS:
                     jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
     workers = max(1, min(8, os.cpu_count() or 1))

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import cuda_emulator
-from kernel_cases import TOL, bench_problem, bench_problem_specs, graph, inputs, random_uvu_problem, rel_err
+from kernel_cases import (TOL, bench_problem, bench_problem_specs, channelwise, graph, inputs, random_uvu_problem,
+                          rel_err)
 from mlip_accel import reference
 from mlip_accel.graph import sort_edges
 from mlip_accel.problem import describe
@@ -141,3 +142,11 @@ def test_unsupported_problem_falls_back_to_reference_and_logs_once(emulated, cap
             out = cuda.tp_forward(problem, x, y, w)
     assert torch.equal(out, reference.tp_forward(problem, x, y, w))
     assert sum("uvw" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("in2", ["1x0e", "1x1o", "1x0e+1x1o+1x2e", "4x3o+1x2e", "8x3o+1x3e+1x0e"])
+def test_grad_y_warp_reduction_of_any_width(emulated, in2):
+    # dim(in2) = 1, 3, 9, 33, 64: padded power-of-two reduce-scatter, with and without the butterfly tail
+    problem = channelwise("5x1e+3x0o", in2)
+    with cuda.edges_per_warp(4):
+        _conv_case(problem, torch.float64, "random", 5, 19, 3, True, (False, True, False))

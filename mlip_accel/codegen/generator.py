@@ -18,7 +18,7 @@ from string import Template
 
 from ..problem import TPProblem, irreps_str
 from . import nonzeros
-from .schedule import WARP, Phase, Schedule, accumulator_budget, build_schedule
+from .schedule import WARP, Phase, Schedule, build_schedule
 
 DIRECTIONS = ("forward", "backward")
 VARIANTS = ("tp", "det", "atomic")  # batched TP, deterministic conv (CSR + fixup), atomic conv
@@ -42,7 +42,7 @@ class KernelSpec:
     direction: str  # "forward" | "backward"
     variant: str  # "tp" | "det" | "atomic"
     need: tuple[bool, bool, bool] = (True, True, True)  # backward: which of grad x, y, w
-    budget_regs: int = 64  # accumulator registers per lane (schedule.py)
+    budget: int = 64  # accumulators per lane, i.e. per phase (schedule.py)
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -178,6 +178,42 @@ def _lane_setup(L: _Lines, seg) -> tuple[str, str | None]:
         L(f"const bool ok = lane < {seg.lanes};  // multiplicity not a multiple of 32: last chunk is partial")
         return u, "ok"
     return u, None
+
+
+def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str) -> None:
+    """Sum each of ``values`` over the warp and store sum j at ``store_base[j]``.
+
+    A reduce-scatter: at each xor-mask step a lane sends half of its values to its partner and keeps
+    the other half plus the partner's, so n values cost about n shuffles instead of 5n; once one value
+    is left, plain butterfly steps finish the sum. The lane's value index comes from its lane bits.
+    """
+    size = 1
+    while size < len(values):
+        size *= 2
+    cur = values + ["T(0)"] * (size - len(values))
+    L(f"// grad y: warp reduce-scatter of {len(values)} partial sums")
+    offset, butterfly = [], []
+    for step, mask in enumerate((16, 8, 4, 2, 1)):
+        upper = f"(lane & {mask})"
+        if len(cur) > 1:
+            half = len(cur) // 2
+            nxt = []
+            for i in range(half):
+                lo, hi = cur[i], cur[i + half]
+                L(f"const T r{step}_{i} = ({upper} ? {hi} : {lo}) + "
+                  f"__shfl_xor_sync(FULL_MASK, {upper} ? {lo} : {hi}, {mask});")
+                nxt.append(f"r{step}_{i}")
+            offset.append(f"({upper} ? {half} : 0)")
+            cur = nxt
+        else:
+            L(f"const T r{step}_0 = {cur[0]} + __shfl_xor_sync(FULL_MASK, {cur[0]}, {mask});")
+            cur = [f"r{step}_0"]
+            butterfly.append(mask)
+    with L.block(f"if ((lane & {sum(butterfly)}) == 0)" if butterfly else ""):
+        L(f"const int j = {' + '.join(offset) or '0'};")
+        L(f"T* gye = {store_base};")
+        for i, name in enumerate(cur):
+            L(f"if (j + {i} < {len(values)}) gye[j + {i}] = {name};")
 
 
 # --- the phases ------------------------------------------------------------------------------------------
@@ -325,15 +361,9 @@ class _PhaseEmitter:
                             for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
                                 L(line)
         if need_y:
-            L("// grad y: sum the lanes' partials over the warp")
-            for j in range(self.p.dim_in2):
-                L(f"gy{j} = warp_sum(gy{j});")
             base = (f"gy_out + {self.index}LL * num_edges * D_IN2 + e * D_IN2" if self.multi_phase
                     else "gy_out + e * D_IN2")
-            with L.block("if (lane == 0)"):
-                L(f"T* gye = {base};")
-                for j in range(self.p.dim_in2):
-                    L(f"gye[{j}] = gy{j};")
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], base)
 
     def emit(self) -> str:
         spec = self.spec
@@ -386,7 +416,7 @@ def _segments_str(irreps, phase: Phase) -> str:
 
 def schedule_for(spec: KernelSpec) -> Schedule:
     side = "out" if spec.direction == "forward" else "in1"
-    budget = accumulator_budget(spec.dtype, spec.budget_regs) if spec.accumulates else None
+    budget = spec.budget if spec.accumulates else None
     return build_schedule(spec.problem, side, budget)
 
 

@@ -16,9 +16,6 @@ import dataclasses
 from ..problem import TPProblem
 
 WARP = 32
-# Accumulator registers per lane, in 32-bit registers (fp64 values take two). 64 leaves room for the
-# operands and keeps occupancy at >= 2 blocks of 4 warps per multiprocessor at <= 255 registers.
-DEFAULT_BUDGET_REGS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +91,3 @@ def build_schedule(problem: TPProblem, side: str, budget: int | None) -> Schedul
     close()
     return Schedule(side, budget, tuple(Phase(tuple(p)) for p in phases))
 
-
-def accumulator_budget(dtype: str, budget_regs: int = DEFAULT_BUDGET_REGS) -> int:
-    """Accumulators per lane that fit ``budget_regs`` 32-bit registers."""
-    return max(1, budget_regs // (2 if dtype == "float64" else 1))

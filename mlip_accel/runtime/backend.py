@@ -26,26 +26,33 @@ _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 WARPS_PER_BLOCK = BLOCK_THREADS // 32
 FIXUP_THREADS = 128
 
-# Accumulator registers per lane (codegen/schedule.py); tests lower them to force multi-phase schedules.
-ACC_BUDGET_REGS = {"forward": 64, "backward": 40}
-# Edges per warp: small chunks for walks without row accumulators; the deterministic walk takes at least
-# the mean degree, so the fixup buffer (one row per warp) is never larger than the output.
+# Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
+# mace-large/mace-medium/nequip-benzene): the backward runs fastest as several small phases (more warps,
+# fewer live registers), the forward with large ones.
+ACC_BUDGET = {("forward", "float32"): 64, ("forward", "float64"): 48,
+              ("backward", "float32"): 12, ("backward", "float64"): 12}
+_BUDGET_OVERRIDE: dict[str, int] = {}  # tests: tiny budgets force multi-phase schedules
+# Edges per warp. The deterministic forward takes the mean degree (about one row per warp: few fixups,
+# and the fixup buffer, one row per warp, is never larger than the output); every other walk takes 32.
 MIN_EDGES_PER_WARP = 32
 MAX_EDGES_PER_WARP = 4096
 _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows between many warps
 
 
+def budget_for(direction: str, dtype: str) -> int:
+    return _BUDGET_OVERRIDE.get(direction, ACC_BUDGET[(direction, dtype)])
+
+
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
-    old = dict(ACC_BUDGET_REGS)
-    if forward is not None:
-        ACC_BUDGET_REGS["forward"] = forward
-    if backward is not None:
-        ACC_BUDGET_REGS["backward"] = backward
+    """Override the accumulator budget of each direction (every dtype) inside the block."""
+    old = dict(_BUDGET_OVERRIDE)
+    _BUDGET_OVERRIDE.update({k: v for k, v in (("forward", forward), ("backward", backward)) if v is not None})
     try:
         yield
     finally:
-        ACC_BUDGET_REGS.update(old)
+        _BUDGET_OVERRIDE.clear()
+        _BUDGET_OVERRIDE.update(old)
 
 
 @contextlib.contextmanager
@@ -89,7 +96,7 @@ def _fallback_reason(problem: TPProblem) -> str | None:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
-    budget = ACC_BUDGET_REGS[direction]
+    budget = budget_for(direction, dtype)
     key = (_key(problem), dtype, direction, variant, tuple(need) if direction == "backward" else None, budget)
     gm = _MODULES.get(key)
     if gm is None:
@@ -196,7 +203,7 @@ def _check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, graph, grad_z=N
 def _edges_per_warp(gm: GeneratedModule, num_edges: int, num_rows: int) -> int:
     if _EDGES_PER_WARP_OVERRIDE is not None:
         return _EDGES_PER_WARP_OVERRIDE
-    if gm.spec.variant != "det" or not gm.spec.accumulates:
+    if gm.spec.variant != "det" or gm.spec.direction != "forward":
         return MIN_EDGES_PER_WARP
     mean_degree = math.ceil(num_edges / max(num_rows, 1))
     return max(MIN_EDGES_PER_WARP, min(MAX_EDGES_PER_WARP, mean_degree))

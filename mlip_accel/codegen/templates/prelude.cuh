@@ -7,9 +7,3 @@ static __device__ __forceinline__ T ld_keep(const T* p) { return __ldg(p); }
 // Per-edge weights are read exactly once: stream them (evict-first) so node rows stay in L2.
 static __device__ __forceinline__ T ld_stream(const T* p) { return __ldcs(p); }
 static __device__ __forceinline__ void st_stream(T* p, T v) { __stcs(p, v); }
-
-static __device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(FULL_MASK, v, m);
-  return v;
-}
