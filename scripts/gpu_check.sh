@@ -66,7 +66,7 @@ fi
 
 if [[ $sanitizer -eq 1 ]]; then
   : >"$OUT/sanitizer.log"
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     if command -v compute-sanitizer >/dev/null; then
       # without PyTorch's caching allocator every tensor is its own allocation: memcheck sees overruns
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 80 compute-sanitizer --tool "$tool" --error-exitcode 3 \
