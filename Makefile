@@ -20,7 +20,7 @@ test:
 	$(MAKE) --no-print-directory test-mace || rc=1; \
 	if [ $$rc -ne 0 ]; then echo "mlip_accel: test suite FAILED"; fi; exit $$rc
 
-test-%: $(VENVS)/%/.stamp
+test-nequip test-mace: test-%: $(VENVS)/%/.stamp
 	@echo "=== pytest in the $* environment ==="
 	cd tests && $(ENV_$*) ../$(VENVS)/$*/bin/python -m pytest -p no:cacheprovider -m "not $(if $(filter nequip,$*),mace,nequip)" -rs $(PYTEST_ARGS) .
 
