@@ -317,7 +317,10 @@ def _graph_order(cases) -> list:
 
 def markdown(merged: dict) -> str:
     cases = merged["cases"]
-    lines = [f"# MD step benchmark (energy + forces per call)", "",
+    title = "MD step benchmark (energy + forces per call)"
+    if merged.get("quick"):
+        title += f": quick run ({', '.join(graph_names(QUICK_SIZES))}, few repetitions)"
+    lines = [f"# {title}", "",
              f"Device: {merged['device']}. Steps/s = 1 / median wall time of one synchronised model call "
              "(forward + autograd forces) on a prebuilt graph; diamond carbon with a 6 A cutoff "
              "(~158 neighbours per atom) and a 32-atom open cluster (5 A). Peak memory: "

@@ -297,3 +297,32 @@ def test_structure_errors():
     alien.calc = calc
     with pytest.raises(UnknownElementsError, match="Fe, Ni, unknown to the model"):
         alien.get_potential_energy()
+
+
+def test_neighbor_list_matches_ase_and_checks_the_gpu_list_once():
+    from ase.neighborlist import neighbor_list
+
+    from mlip_accel.integrations import neighbors as N
+
+    atoms = structures("Cu", "Ag")["slab"]
+    nl = N.NeighborList(4.0, "cpu")
+    ours = nl(atoms.positions, atoms.cell.array, atoms.pbc)
+    i, j, shifts = neighbor_list("ijS", atoms, 4.0)
+    ase_list = N.Neighbors(*(torch.as_tensor(a, dtype=torch.long) for a in (i, j, shifts)))
+    assert N.same_pairs(ours, ase_list)
+    assert bool((ours.receivers[1:] >= ours.receivers[:-1]).all())  # receiver order, for the CSR sort
+
+    # a GPU list that disagrees with the CPU list is dropped for good, with a warning
+    calls = []
+
+    def wrong_gpu_list(positions, cell, pbc):
+        calls.append(1)
+        full = nl._compute_cpu(positions, cell, pbc)
+        return N.Neighbors(full.receivers[:-2], full.senders[:-2], full.unit_shifts[:-2])
+
+    nl.on_gpu, nl._compute_gpu = True, wrong_gpu_list
+    with pytest.warns(RuntimeWarning, match="differs from the CPU list"):
+        checked = nl(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert N.same_pairs(checked, ours) and not nl.on_gpu
+    nl(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert len(calls) == 1

@@ -37,6 +37,18 @@ def check_cell(cell: np.ndarray, pbc: np.ndarray) -> None:
         raise InputError("the structure is periodic but its cell has zero volume")
 
 
+def same_pairs(a: Neighbors, b: Neighbors) -> bool:
+    """Whether two lists hold the same (receiver, sender, shift) edges, in any order."""
+    if a.num_edges != b.num_edges:
+        return False
+
+    def rows(n: Neighbors) -> np.ndarray:
+        table = torch.cat([n.receivers[:, None], n.senders[:, None], n.unit_shifts], dim=1).cpu().numpy()
+        return table[np.lexsort(table.T[::-1])]
+
+    return bool(np.array_equal(rows(a), rows(b)))
+
+
 class NeighborList:
     """Full neighbour list within ``cutoff`` (Å), recomputed every call (MD moves the atoms every step).
 
@@ -54,6 +66,7 @@ class NeighborList:
         self._cpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True, sorted=True)
         self._gpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True) if self.device.type == "cuda" else None
         self.on_gpu = self._gpu is not None
+        self._gpu_checked = False
 
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
         positions = np.ascontiguousarray(positions, dtype=np.float64)
@@ -62,12 +75,25 @@ class NeighborList:
         check_cell(cell, pbc)
         if self.on_gpu:
             try:
-                return self._compute_gpu(positions, cell, pbc)
+                gpu = self._compute_gpu(positions, cell, pbc)
             except Exception as err:  # vesin built without CUDA, CuPy missing or for another CUDA: CPU works
-                warnings.warn(f"mlip_accel: neighbour list on the GPU failed ({type(err).__name__}: {err}); "
-                              "building it on the CPU from now on", RuntimeWarning, stacklevel=2)
-                self.on_gpu = False
+                self._give_up_gpu(f"it failed ({type(err).__name__}: {err})")
+            else:
+                if self._gpu_checked:
+                    return gpu
+                cpu = self._compute_cpu(positions, cell, pbc)
+                # once: the GPU list must be the CPU list (a wrong list would be a silently wrong MD)
+                if same_pairs(gpu, cpu):
+                    self._gpu_checked = True
+                    return gpu
+                self._give_up_gpu(f"it differs from the CPU list ({gpu.num_edges} vs {cpu.num_edges} edges)")
+                return cpu
         return self._compute_cpu(positions, cell, pbc)
+
+    def _give_up_gpu(self, why: str) -> None:
+        warnings.warn(f"mlip_accel: the neighbour list on the GPU is not used: {why}; building it on the "
+                      "CPU from now on", RuntimeWarning, stacklevel=3)
+        self.on_gpu = False
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
         i, j, shifts = self._cpu.compute(positions, cell, pbc, quantities="ijS", copy=True)
