@@ -9,7 +9,6 @@ shares that between its layers.
 """
 from __future__ import annotations
 
-import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
