@@ -139,17 +139,16 @@ def _guarded(ok: str | None, expr: str) -> str:
     return expr if ok is None else f"{ok} ? {expr} : T(0)"
 
 
+def _weight_index(problem: TPProblem, path, v: int, u: str) -> str:
+    """Index of w[u, v] of a path in the edge's weight row (e3nn's (mul1, mul2) row-major layout)."""
+    mul2 = problem.irreps_in2[path.i_in2][0]
+    return f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
+
+
 def _weight_expr(problem: TPProblem, path, v: int, u: str, ok: str | None) -> str:
     if not path.has_weight:
         return "T(1)"
-    mul2 = problem.irreps_in2[path.i_in2][0]
-    idx = f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
-    return _guarded(ok, f"ld_stream(we + {idx})")
-
-
-def _weight_index(problem: TPProblem, path, v: int, u: str) -> str:
-    mul2 = problem.irreps_in2[path.i_in2][0]
-    return f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
+    return _guarded(ok, f"ld_stream(we + {_weight_index(problem, path, v, u)})")
 
 
 def _y_name(problem: TPProblem, path, v: int):
