@@ -100,3 +100,13 @@ def test_non_contiguous_inputs_are_handled():
     w_nc = w.t().contiguous().t()
     assert not x_nc.is_contiguous() and not w_nc.is_contiguous()
     assert rel_err(conv(x_nc, y, w_nc, dst, src), e3nn_conv(tp, x, y, w, dst, src)) <= 1e-10
+
+
+def test_empty_batch_forward_and_gradients():
+    tp = bench_e3nn_tp(bench_problems()[1])
+    ours = mlip_accel.TensorProduct.from_e3nn(tp, backend="reference")
+    x, y, w = random_inputs(tp, 0, 0, torch.float64, requires_grad=True)
+    z = ours(x, y, w)
+    assert z.shape == (0, tp.irreps_out.dim)
+    gx, gy, gw = torch.autograd.grad(z.sum(), (x, y, w))
+    assert gx.shape == x.shape and gy.shape == y.shape and gw.shape == w.shape
