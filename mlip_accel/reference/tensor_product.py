@@ -101,10 +101,12 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
         g = _out_slice(problem, path, grad_z)
         if gx is not None:
             o = problem.offsets_in1[path.i_in1]
-            gx[:, o:o + x1.shape[1] * x1.shape[2]] += _contract([(x2, lb), (cg, "ijk"), (g, lo), (wp, lw)], la).reshape(batch, -1)
+            n = x1.shape[1] * x1.shape[2]
+            gx[:, o:o + n] += _contract([(x2, lb), (cg, "ijk"), (g, lo), (wp, lw)], la).reshape(batch, n)
         if gy is not None:
             o = problem.offsets_in2[path.i_in2]
-            gy[:, o:o + x2.shape[1] * x2.shape[2]] += _contract([(x1, la), (cg, "ijk"), (g, lo), (wp, lw)], lb).reshape(batch, -1)
+            n = x2.shape[1] * x2.shape[2]
+            gy[:, o:o + n] += _contract([(x1, la), (cg, "ijk"), (g, lo), (wp, lw)], lb).reshape(batch, n)
         if gw is not None and path.has_weight:
             gwp = _contract([(x1, la), (x2, lb), (cg, "ijk"), (g, lo)], lw)
             sl = slice(path.weight_offset, path.weight_offset + path.weight_numel)
