@@ -2,6 +2,7 @@
 import copy
 
 import pytest
+import torch
 
 nequip = pytest.importorskip("nequip")
 
@@ -24,8 +25,17 @@ def test_cuda_backend_parity(model_dtype, l_max, deterministic):
     F.assert_same_outputs(F.evaluate(fast, data), F.evaluate(model, data), model_dtype)
 
 
-def test_cuda_deterministic_runs_are_bitwise_equal():
+def test_cuda_deterministic_layers_are_bitwise_reproducible():
+    """Our convolutions give bitwise-equal outputs run to run inside a model. (Whole-model forces are not
+    bitwise reproducible on CUDA anyway: torch's own backward of the edge gathers accumulates atomically.)"""
     model = mlip_accel.accelerate(F.tiny_model("float32", l_max=2, num_features=8).to("cuda"), backend="cuda")
     data = {k: v.to("cuda") for k, v in F.batch(F.emt_structures(3)).items()}
-    first, second = F.evaluate(model, data), F.evaluate(model, data)
-    assert all((first[k] == second[k]).all() for k in F.COMPARED)
+    captured = []
+    for layer in F.tensor_product_scatters(model):
+        layer.register_forward_hook(lambda module, args, out: captured.append(out.detach().clone()))
+    F.evaluate(model, data)
+    first = list(captured)
+    captured.clear()
+    F.evaluate(model, data)
+    assert len(first) == len(captured) > 0
+    assert all(torch.equal(a, b) for a, b in zip(first, captured))
