@@ -501,7 +501,7 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time each case at least this long")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later cases are skipped")
     parser.add_argument("--profile", action="store_true", help="profile one carbon-1k fp32 step per implementation")
-    parser.add_argument("--out", help="output JSON of --framework (default: $OUT/ or benchmarks/)")
+    parser.add_argument("--out", help="output JSON file or folder of --framework (default: $OUT/ or benchmarks/)")
     parser.add_argument("--parts-dir", default=BENCH_DIR, help="--merge: where the bench_md.<framework>.json are")
     parser.add_argument("--out-dir", default=BENCH_DIR, help="--merge: where the report goes")
     parser.add_argument("--no-readme", dest="readme", action="store_false", help="--merge: leave README alone")
@@ -514,7 +514,9 @@ def main(argv=None):
     # least important cases
     args.impls = sorted(args.impls, key=("e3nn", "mlip_accel", "cueq", "oeq").index)
     result = run_framework(args)
-    out = args.out or os.path.join(os.environ.get("OUT") or BENCH_DIR, f"bench_md.{args.framework}.json")
+    out = args.out or os.environ.get("OUT") or BENCH_DIR
+    if os.path.isdir(out) or out.endswith(os.sep):  # a folder: the part gets its standard name there
+        out = os.path.join(out, f"bench_md.{args.framework}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
