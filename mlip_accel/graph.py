@@ -82,18 +82,29 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling() if hasattr(torch, "compiler") else False
 
 
-def check_edge_index(name: str, index: torch.Tensor, num_nodes: int, device=None) -> None:
-    """Raise a ValueError naming ``name`` unless it is a 1-D int64/int32 tensor of ids in [0, num_nodes)."""
-    if not isinstance(index, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
-    if index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"{name} must be an integer tensor (int64 or int32), got {index.dtype}")
-    if index.dim() != 1:
-        raise ValueError(f"{name} must be 1-D (one entry per edge), got shape {tuple(index.shape)}")
-    if device is not None and index.device != torch.device(device):
-        raise ValueError(f"{name} is on {index.device} but the node features are on {device}")
-    if index.numel() and not _compiling():
-        lo, hi = int(index.min()), int(index.max())
+def check_edge_indices(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int, device=None) -> None:
+    """Raise an error naming the argument unless both are 1-D int64/int32 tensors of equal length with ids
+    in [0, num_nodes), on ``device`` (default: edge_dst's).
+
+    The range check reads four numbers back from the device in one transfer: each read is a host-device
+    synchronisation, which is what small, launch-bound systems (a 32-atom MD step) feel.
+    """
+    device = edge_dst.device if device is None and isinstance(edge_dst, torch.Tensor) else device
+    for name, index in (("edge_dst", edge_dst), ("edge_src", edge_src)):
+        if not isinstance(index, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
+        if index.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"{name} must be an integer tensor (int64 or int32), got {index.dtype}")
+        if index.dim() != 1:
+            raise ValueError(f"{name} must be 1-D (one entry per edge), got shape {tuple(index.shape)}")
+        if device is not None and index.device != torch.device(device):
+            raise ValueError(f"{name} is on {index.device} but the node features are on {device}")
+    if edge_dst.shape != edge_src.shape:
+        raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
+    if edge_dst.numel() == 0 or _compiling():
+        return
+    bounds = torch.stack([edge_dst.min(), edge_dst.max(), edge_src.min(), edge_src.max()]).tolist()
+    for name, lo, hi in (("edge_dst", *bounds[:2]), ("edge_src", *bounds[2:])):
         if lo < 0:
             raise ValueError(f"{name} has a negative index ({lo})")
         if hi >= num_nodes:
@@ -111,10 +122,7 @@ def sort_edges(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -
     """Sort edges by receiver into CSR, with the transpose permutation for the backward pass."""
     if not isinstance(num_nodes, int) or num_nodes < 0:
         raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
-    check_edge_index("edge_dst", edge_dst, num_nodes)
-    check_edge_index("edge_src", edge_src, num_nodes, device=edge_dst.device)
-    if edge_dst.shape != edge_src.shape:
-        raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
+    check_edge_indices(edge_dst, edge_src, num_nodes)
     edge_dst, edge_src = edge_dst.long(), edge_src.long()
     perm, rowptr = _csr(edge_dst, num_nodes)
     tperm, trowptr = _csr(edge_src, num_nodes)

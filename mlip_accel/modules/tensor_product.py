@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..graph import EdgeGraph, check_edge_index, sort_edges
+from ..graph import EdgeGraph, check_edge_indices, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
 from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
@@ -132,11 +132,12 @@ class TensorProductConv(_TPBase):
                          rows_name="num_nodes")
             self._check_inputs(x, y, w, rows=edge_dst.shape[0] if isinstance(edge_dst, torch.Tensor) else -1,
                                rows_name="num_edges")
-            if graph is None or not self.deterministic:
-                check_edge_index("edge_dst", edge_dst, num_nodes, device=x.device)
-                check_edge_index("edge_src", edge_src, num_nodes, device=x.device)
-                if edge_src.shape != edge_dst.shape:
-                    raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
+            if not self.deterministic:
+                check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device)
+            elif graph is None:
+                # sort_edges below checks the indices themselves (one host sync, not two)
+                if isinstance(edge_dst, torch.Tensor) and edge_dst.device != x.device:
+                    raise ValueError(f"edge_dst is on {edge_dst.device} but the node features are on {x.device}")
             else:
                 if not isinstance(graph, EdgeGraph):
                     raise TypeError(f"graph must come from mlip_accel.sort_edges, got {type(graph).__name__}")
