@@ -19,13 +19,14 @@ ids and how each is built:
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import importlib.util
 from typing import Callable
 
 import torch
+
+from mlip_accel.problem.e3nn_compat import default_dtype
 
 IMPLS = ("mlip_accel-det", "mlip_accel-atomic", "e3nn", "cueq-uniform_1d", "cueq-fused_tp", "oeq-det", "oeq-atomic")
 PEERS = tuple(i for i in IMPLS if not i.startswith("mlip_accel"))
@@ -101,15 +102,6 @@ def _o3():
     return o3()
 
 
-@contextlib.contextmanager
-def default_dtype(dtype):
-    # e3nn, MACE and NequIP take constants' and math dtypes from the default dtype at construction
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def e3nn_tp(spec: ConvSpec, dtype, device=None):

@@ -1,7 +1,6 @@
 """Shared test helpers: e3nn references, random problems and graphs."""
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 from pathlib import Path
@@ -9,7 +8,7 @@ from pathlib import Path
 import torch
 
 from mlip_accel.problem import channelwise_problem
-from mlip_accel.problem.e3nn_compat import o3
+from mlip_accel.problem.e3nn_compat import default_dtype, o3
 
 PROBLEMS_JSON = Path(__file__).resolve().parents[2] / "shared" / "bench" / "problems.json"
 _IN_REPO_COPY = Path(__file__).resolve().parents[1] / "benchmarks" / "problems.json"
@@ -20,15 +19,6 @@ def bench_problems() -> list[dict]:
     return json.loads(path.read_text())["problems"]
 
 
-@contextlib.contextmanager
-def default_dtype(dtype):
-    # e3nn bakes its CG constants in the default dtype at construction: build fp64 references in fp64.
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def e3nn_tp(irreps_in1, irreps_in2, irreps_out, instructions, dtype=torch.float64, **kwargs):

@@ -4,12 +4,13 @@ mace is imported inside the functions: this module is importable (for collection
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 
 import numpy as np
 import torch
+
+from mlip_accel.problem.e3nn_compat import default_dtype
 
 ATOMIC_NUMBERS = (29, 8)  # Cu, O: two elements so the one-hot and skip connections are exercised
 R_MAX = 4.0
@@ -17,25 +18,9 @@ COMPARED = ("energy", "forces", "stress")
 # max |accelerated - plain| / max |plain| per output, by how the model was built
 TOLERANCE = {"float64": 1e-10, "float32": 1e-4, "float64_from_float32": 1e-6}
 
-BLOCKS = (
-    "RealAgnosticInteractionBlock",
-    "RealAgnosticResidualInteractionBlock",
-    "RealAgnosticDensityInteractionBlock",
-    "RealAgnosticDensityResidualInteractionBlock",
-    "RealAgnosticAttResidualInteractionBlock",
-    "RealAgnosticResidualNonLinearInteractionBlock",
-)
+from mlip_accel.patches.mace import SUPPORTED_BLOCKS as BLOCKS  # noqa: E402
 
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    # e3nn 0.4.4 bakes CG constants in the default dtype: fp64 models are built under fp64 (as MACE trains)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 @functools.lru_cache(maxsize=None)

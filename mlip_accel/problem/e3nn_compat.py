@@ -7,6 +7,7 @@ torch's safe default. ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (what ``import mace
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 
@@ -43,3 +44,17 @@ def e3nn_version() -> str:
     import e3nn
 
     return getattr(e3nn, "__version__", "unknown")
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Build e3nn (and MACE/NequIP) modules under this default dtype: e3nn bakes its CG constants in the
+    default dtype at construction, so a float64 model built under float32 holds float32-rounded constants."""
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
