@@ -93,14 +93,19 @@ def compile_times(problem, dtype: str) -> dict:
     return {"cold_compile_s": cold, "disk_cache_load_s": time.perf_counter() - start}
 
 
-def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidth: float, with_e3nn: bool) -> dict:
+def random_case(problem, dtype, num_nodes: int, num_edges: int):
+    """Seeded random inputs, output gradient and a random graph (sorted) of one problem on the GPU."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    rnd = lambda *s: torch.randn(*s, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
     x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
     gz = rnd(num_nodes, problem.dim_out)
     dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
     src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
-    graph = sort_edges(dst, src, num_nodes)
+    return x, y, w, gz, dst, src, sort_edges(dst, src, num_nodes)
+
+
+def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidth: float, with_e3nn: bool) -> dict:
+    x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     key = register_problem(problem)
     ops = torch.ops.mlip_accel
     size = torch.finfo(dtype).bits // 8
@@ -108,7 +113,7 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
     floor_bwd = 2 * floor_fwd  # read x, y, w, grad_z; write grad x, y, w
     res = {"problem": name, "dtype": str(dtype).split(".")[-1], "nodes": num_nodes, "edges": num_edges,
            "floor_fwd_ms": floor_fwd / bandwidth * 1e3, "floor_bwd_ms": floor_bwd / bandwidth * 1e3}
-    ggs = [rnd(*t.shape) for t in (x, y, w)]
+    ggs = [torch.randn_like(t) for t in (x, y, w)]
     for label, gr in (("det", graph), ("atomic", None)):
         gt = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if gr is not None else (None,) * 4
         fwd = lambda: ops.conv_forward(x, y, w, dst, src, *gt, key, "cuda")  # noqa: E731
@@ -169,13 +174,7 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
             sources.append(cuda.module_for(problem, dt, "backward", "det").source)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(precompile._compile_one, [(src, target) for src in sources], chunksize=1))
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rnd = lambda *sh: torch.randn(*sh, device="cuda", dtype=dtype, generator=g)  # noqa: E731
-    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
-    gz = rnd(num_nodes, problem.dim_out)
-    dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
-    src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
-    graph = sort_edges(dst, src, num_nodes)
+    x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     rows = []
     for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
         for b in budgets:
@@ -196,13 +195,7 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
 
 def once(problem, dtype, num_nodes: int, num_edges: int, rounds: int = 2) -> None:
     """Deterministic forward and backward, ``rounds`` times (for a profiler: skip the first round)."""
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rnd = lambda *sh: torch.randn(*sh, device="cuda", dtype=dtype, generator=g)  # noqa: E731
-    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
-    gz = rnd(num_nodes, problem.dim_out)
-    dst = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
-    src = torch.randint(0, num_nodes, (num_edges,), device="cuda", generator=g)
-    graph = sort_edges(dst, src, num_nodes)
+    x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     for _ in range(rounds):
         cuda.conv_forward(problem, x, y, w, dst, src, graph)
         cuda.conv_backward(problem, x, y, w, gz, dst, src, graph)
