@@ -60,6 +60,12 @@ def test_edge_indices_validated(setup):
         atomic(x, y, w, dst, bad)
 
 
+def test_edge_indices_must_be_tensors(setup):
+    tp, conv, x, y, w, dst, src = setup
+    with pytest.raises(TypeError, match="edge_dst must be a torch.Tensor, got list"):
+        conv(x, y, w, dst.tolist(), src)
+
+
 def test_graph_for_other_edges_rejected(setup):
     tp, conv, x, y, w, dst, src = setup
     other = mlip_accel.sort_edges(dst[:5], src[:5], 6)

@@ -130,8 +130,10 @@ class TensorProductConv(_TPBase):
         if not torch.compiler.is_compiling():
             check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}",
                          rows_name="num_nodes")
-            self._check_inputs(x, y, w, rows=edge_dst.shape[0] if isinstance(edge_dst, torch.Tensor) else -1,
-                               rows_name="num_edges")
+            for name, index in (("edge_dst", edge_dst), ("edge_src", edge_src)):
+                if not isinstance(index, torch.Tensor):
+                    raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
+            self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges")
             if not self.deterministic:
                 check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device)
             elif graph is None:
