@@ -11,7 +11,7 @@ import mlip_accel  # noqa: E402
 from mlip_accel.patches import mace as mace_patch  # noqa: E402
 from mlip_accel.patches import mace_conv  # noqa: E402
 from mlip_accel.patches.mace_conv import MACEFusedConv  # noqa: E402
-from mlip_accel.patches.mace_probe import ParityCheckFailed  # noqa: E402
+from mlip_accel import ParityCheckFailed  # noqa: E402
 
 from mace_fixtures import (BLOCKS, TOLERANCE, assert_close, batch_for, emt_structures, evaluate,  # noqa: E402
                            tiny_model)

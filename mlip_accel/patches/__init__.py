@@ -9,12 +9,10 @@ from __future__ import annotations
 import importlib
 import sys
 
+from .parity import ParityCheckFailed  # noqa: F401  (public as mlip_accel.ParityCheckFailed)
+
 # (framework module that must already be imported, adapter module)
 _ADAPTERS = (("nequip", "mlip_accel.patches.nequip"), ("mace", "mlip_accel.patches.mace"))
-
-
-class ParityCheckFailed(RuntimeError):
-    """The accelerated model's outputs differed from the original's on the probe; the model was left as it was."""
 
 
 class NotAcceleratable(TypeError):

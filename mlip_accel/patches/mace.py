@@ -11,7 +11,8 @@ from ..problem.e3nn_compat import o3
 from . import NotAcceleratable
 from ..graph import EdgeSortCache
 from .mace_conv import MACEFusedConv
-from .mace_probe import ParityCheckFailed, compare, probe_batch, run_probe, tolerance
+from .mace_probe import probe_batch, run_probe, tolerance
+from .parity import ParityCheckFailed, compare_outputs
 
 CONV_FUSION_TAG = "mlip_accel"
 
@@ -175,7 +176,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -
             done.append(undo)
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
-                compare(reference, run_probe(model, batch), tolerance(model, e3nn_tps))
+                compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps), where=type(model).__name__)
     except BaseException:
         for undo in reversed(done):
             _uninstall(undo)

@@ -12,8 +12,6 @@ import re
 import numpy as np
 import torch
 
-from . import ParityCheckFailed
-
 # Outputs compared; "node_feats" holds every interaction's output, so a bad layer cannot hide.
 COMPARED = ("energy", "forces", "stress", "node_feats")
 
@@ -99,20 +97,3 @@ def tolerance(model: torch.nn.Module, e3nn_tps) -> float:
     if model_dtype(model) != torch.float64:
         return RTOL_FLOAT32
     return RTOL_FLOAT64_ROUNDED_CG if any(_cg_rounded(tp) for tp in e3nn_tps) else RTOL_FLOAT64
-
-
-def compare(reference: dict[str, torch.Tensor], accelerated: dict[str, torch.Tensor], rtol: float) -> None:
-    """Raise :class:`ParityCheckFailed` naming every output that differs beyond ``rtol``."""
-    problems = []
-    for key, ref in reference.items():
-        acc = accelerated.get(key)
-        if acc is None or acc.shape != ref.shape:
-            problems.append(f"{key}: shape {None if acc is None else tuple(acc.shape)} vs {tuple(ref.shape)}")
-            continue
-        err = float((acc - ref).abs().max()) if ref.numel() else 0.0
-        scale = max(float(ref.abs().max()) if ref.numel() else 0.0, 1e-12)
-        if not err <= rtol * scale:  # also catches NaN
-            problems.append(f"{key}: max |diff| {err:.3e} > {rtol:.0e} * max |value| {scale:.3e}")
-    if problems:
-        raise ParityCheckFailed("mlip_accel parity self-check failed, the model was left as it was: "
-                                + "; ".join(problems))

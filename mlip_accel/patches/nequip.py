@@ -114,7 +114,8 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
         for s in swaps:
             probe.check_layer(s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
         for m, data, before in references:
-            probe.compare_outputs(before, probe.evaluate(m, data), m.model_dtype, where=type(m).__name__)
+            probe.compare_outputs(before, probe.evaluate(m, data), probe.tolerance(m.model_dtype),
+                                  where=type(m).__name__)
     except BaseException:
         undo(swaps)  # never hand back a model whose results changed
         raise

@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from ...patches import ParityCheckFailed
+from ...patches.parity import ParityCheckFailed, compare_outputs, relative_error
 
 # max |new - old| / max |old| allowed per output, by dtype (the parity requirement)
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
@@ -24,15 +24,6 @@ _SEED = 20250101
 
 def tolerance(dtype: torch.dtype) -> float:
     return TOLERANCE.get(dtype, LOW_PRECISION_TOLERANCE)
-
-
-def relative_error(new: torch.Tensor, old: torch.Tensor) -> float:
-    new, old = new.detach().double(), old.detach().double()
-    if old.numel() == 0:
-        return 0.0
-    scale = old.abs().max().item()
-    diff = (new - old).abs().max().item()
-    return diff / scale if scale > 0 else diff
 
 
 @contextlib.contextmanager
@@ -111,15 +102,3 @@ def evaluate(model: torch.nn.Module, data: dict) -> dict:
         out = model(inputs)
     return {k: v.detach() for k, v in out.items()
             if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in data}
-
-
-def compare_outputs(before: dict, after: dict, dtype: torch.dtype, where: str) -> None:
-    tol = tolerance(dtype)
-    missing = sorted(set(before) - set(after))
-    if missing:
-        raise ParityCheckFailed(f"{where}: the accelerated model no longer outputs {missing}")
-    for key in sorted(before):
-        err = relative_error(after[key], before[key])
-        if not err <= tol:
-            raise ParityCheckFailed(f"{where}: output {key!r} changed by {err:.3g} (relative, {dtype}; "
-                                    f"tolerance {tol:g}) on the probe structure")
