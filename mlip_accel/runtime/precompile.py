@@ -22,13 +22,18 @@ NEEDS = [(True, True, True), (False, True, True), (True, False, True), (True, Tr
 
 
 def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
+    from ..ops.custom_ops import weighted_part
     from .backend import module_for
     sources = []
     for problem in problems:
+        weighted = weighted_part(problem)
         for dtype in dtypes:
             for variant in ("tp", "det", "atomic"):
                 sources.append(module_for(problem, dtype, "forward", variant).source)
                 sources += [module_for(problem, dtype, "backward", variant, need).source for need in NEEDS]
+                if weighted is not None and weighted is not problem:  # the double backward's w term
+                    sources.append(module_for(weighted, dtype, "forward", variant).source)
+                    sources.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]).source)
     return sources
 
 
