@@ -8,18 +8,17 @@ helper, :func:`_double_backward`, serves both.
 
 A path without weights (e3nn's ``has_weight=False``) is bilinear in (x, y) and constant in w: it belongs to
 the x and y terms of the identity (with its implicit weight of one) but not to the w term, which therefore
-runs the problem restricted to its weighted paths (:func:`weighted_part`).
+runs the problem restricted to its weighted paths (``TPProblem.weighted_part``).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from ..graph import EdgeGraph
-from ..problem import TPProblem, get_problem
+from ..problem import get_problem
 from . import backends
 
 NS = "mlip_accel"
@@ -29,20 +28,6 @@ def _add(acc: Optional[Tensor], t: Optional[Tensor]) -> Optional[Tensor]:
     if t is None:
         return acc
     return t if acc is None else acc + t
-
-
-_WEIGHTED: dict[str, Optional[TPProblem]] = {}
-
-
-def weighted_part(problem: TPProblem) -> Optional[TPProblem]:
-    """``problem`` restricted to its weighted paths (same irreps and weight layout); ``problem`` itself when
-    every path is weighted, None when none is. The part of the tensor product that is linear in w."""
-    key = problem.key
-    if key not in _WEIGHTED:
-        paths = tuple(p for p in problem.paths if p.has_weight)
-        _WEIGHTED[key] = (problem if len(paths) == len(problem.paths)
-                          else dataclasses.replace(problem, paths=paths) if paths else None)
-    return _WEIGHTED[key]
 
 
 def _given(t: Optional[Tensor]) -> bool:
@@ -89,7 +74,7 @@ def _contig(*ts):
 
 def _tp_kernels(problem: str, backend: str, weighted_only: bool = False):
     be, p = backends.get(backend), get_problem(problem)
-    if weighted_only and (p := weighted_part(p)) is None:
+    if weighted_only and (p := p.weighted_part) is None:
         return None, None
     fwd = lambda a, b, c: be.tp_forward(p, *_contig(a, b, c))  # noqa: E731
     bwd = lambda a, b, c, g, need: be.tp_backward(p, *_contig(a, b, c, g), need)  # noqa: E731
@@ -169,7 +154,7 @@ def _graph(x, edge_dst, perm, rowptr, tperm, trowptr) -> Optional[EdgeGraph]:
 def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str,
                   weighted_only: bool = False):
     be, p = backends.get(backend), get_problem(problem)
-    if weighted_only and (p := weighted_part(p)) is None:
+    if weighted_only and (p := p.weighted_part) is None:
         return None, None
     g = _graph(x, edge_dst, perm, rowptr, tperm, trowptr)
     fwd = lambda a, b, c: be.conv_forward(p, *_contig(a, b, c), edge_dst, edge_src, g)  # noqa: E731

@@ -22,11 +22,10 @@ NEEDS = [(True, True, True), (False, True, True), (True, False, True), (True, Tr
 
 
 def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
-    from ..ops.custom_ops import weighted_part
     from .backend import module_for
     sources = []
     for problem in problems:
-        weighted = weighted_part(problem)
+        weighted = problem.weighted_part
         for dtype in dtypes:
             for variant in ("tp", "det", "atomic"):
                 sources.append(module_for(problem, dtype, "forward", variant).source)
