@@ -141,13 +141,9 @@ class TensorProductConv(_TPBase):
                 if isinstance(edge_dst, torch.Tensor) and edge_dst.device != x.device:
                     raise ValueError(f"edge_dst is on {edge_dst.device} but the node features are on {x.device}")
             else:
-                if not isinstance(graph, EdgeGraph):
-                    raise TypeError(f"graph must come from mlip_accel.sort_edges, got {type(graph).__name__}")
-                if not graph.matches(edge_dst, num_nodes):
-                    raise ValueError(f"graph was sorted for {graph.num_edges} edges and {graph.num_nodes} nodes, "
-                                     f"not these {edge_dst.shape[0]} edges and {num_nodes} nodes")
-                if graph.perm.device != x.device:
-                    raise ValueError(f"graph is on {graph.perm.device} but x is on {x.device}")
+                # indices in range and the graph sorted from exactly these edges, in one host sync; a stale
+                # EdgeSortCache entry comes back sorted again
+                graph = check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device, graph=graph)
         if self.deterministic:
             if graph is None:
                 graph = sort_edges(edge_dst, edge_src, num_nodes)
