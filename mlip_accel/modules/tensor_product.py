@@ -8,7 +8,7 @@ from ..graph import EdgeGraph, check_edge_indices, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
 from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
-from .validation import check_tensor, check_weights
+from .validation import check_e3nn_tensor_product, check_flag, check_tensor, check_weights
 
 
 class _TPBase(nn.Module):
@@ -27,6 +27,7 @@ class _TPBase(nn.Module):
     @classmethod
     def from_e3nn(cls, e3nn_tp, backend: str = "auto", **kwargs):
         """Same tensor product (normalisation, weight layout, internal weights) as ``e3nn_tp``."""
+        check_e3nn_tensor_product(e3nn_tp)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         internal = getattr(e3nn_tp, "internal_weights", False) and e3nn_tp.weight_numel > 0
@@ -110,11 +111,12 @@ class TensorProductConv(_TPBase):
 
     def _setup(self, problem, backend, internal_weight=None, deterministic: bool = True, **_):
         super()._setup(problem, backend, internal_weight)
-        self.deterministic = bool(deterministic)
+        self.deterministic = check_flag("deterministic", deterministic)
 
     def __init__(self, *args, deterministic: bool = True, **kwargs):
+        check_flag("deterministic", deterministic)
         super().__init__(*args, **kwargs)
-        self.deterministic = bool(deterministic)
+        self.deterministic = deterministic
 
     @classmethod
     def from_e3nn(cls, e3nn_tp, backend: str = "auto", deterministic: bool = True):
