@@ -32,6 +32,9 @@ class EdgeGraph:
     def matches(self, edge_dst: torch.Tensor, num_nodes: int) -> bool:
         return self.num_edges == edge_dst.shape[0] and self.num_nodes == num_nodes
 
+    def __getstate__(self):  # not the EdgeSortCache bookkeeping (a weak reference, a one-time token)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_checked_for")}
+
     def to(self, device) -> "EdgeGraph":
         return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
                                             for f in dataclasses.fields(self)
@@ -146,7 +149,7 @@ def check_edge_indices(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes
         if token == _edges_key(edge_dst, edge_src, num_nodes):
             return graph  # sorted from these very tensors a moment ago (and range-checked then)
     stacked = _stacked(edge_dst, edge_src)
-    parts = [stacked.amin(0), stacked.amax(0)]
+    parts = list(torch.aminmax(stacked, dim=0))
     if graph is not None:
         c = _coefficients(stacked.device, stacked.shape[0])
         parts += [(stacked * c).sum().view(1), graph.fingerprint.view(1)]
@@ -278,7 +281,7 @@ def _free_bytes(device: torch.device) -> Optional[int]:
 
 
 def _check_size(num_nodes: int, device: torch.device) -> None:
-    if num_nodes < _SIZE_CHECK_FROM:
+    if num_nodes < _SIZE_CHECK_FROM or _capturing():
         return
     need = _BYTES_PER_NODE * (num_nodes + 1)
     free = _free_bytes(device)
