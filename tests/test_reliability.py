@@ -358,6 +358,42 @@ def test_edge_sort_cache_stale_hit_on_a_device_is_resorted_by_the_convolution(co
     assert cache.sorts == 2
 
 
+def test_one_device_read_per_convolution_call(conv_setup, monkeypatch):
+    # the range and fingerprint checks share one transfer (a host sync on a GPU); the layer that made the
+    # cache sort spends none of its own, since sort_edges has just checked these very tensors
+    conv, x, y, w, dst, src = conv_setup
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(1) or real(self))
+    cache = EdgeSortCache()
+    edge_index = torch.stack([src, dst]).clone()
+    layer = lambda: conv(x, y, w, edge_index[1], edge_index[0],  # noqa: E731
+                         graph=cache.graph(edge_index[1], edge_index[0], 6))
+    layer()
+    assert len(reads) == 1  # the sort's range check
+    for n in (2, 3):  # cache hits: the convolution checks range and fingerprint together
+        layer()
+        assert len(reads) == n
+    conv(x, y, w, dst, src, graph=sort_edges(dst, src, 6))
+    assert len(reads) == 5  # a graph passed by the caller: checked by the sort and by the call
+
+
+def test_no_device_read_while_a_cuda_graph_is_captured(conv_setup, monkeypatch):
+    # a host sync is illegal during capture: the caller validates before capturing (CUDA-graph MD)
+    from mlip_accel import graph as graph_module
+    conv, x, y, w, dst, src = conv_setup
+    graph = sort_edges(dst, src, 6)
+    cache = EdgeSortCache()
+    cache.graph(dst, src, 6)
+    atomic = mlip_accel.TensorProductConv.from_e3nn(conv.e3nn, backend="reference", deterministic=False)
+    monkeypatch.setattr(graph_module, "_capturing", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("host sync during capture"))
+    conv(x, y, w, dst, src, graph=graph)
+    conv(x, y, w, dst, src, graph=cache.graph(dst, src, 6))
+    conv(x, y, w, dst, src)  # sorts inside the call
+    atomic(x, y, w, dst, src)
+
+
 # --- 4. node counts that cannot fit in memory ---------------------------------------------------------------
 
 def test_sort_edges_refuses_impossible_node_counts():
