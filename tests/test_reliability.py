@@ -218,7 +218,8 @@ def test_weightless_paths_cuda_emulated_matches_e3nn_to_second_order(emulated, s
     conv = mlip_accel.TensorProductConv.from_e3nn(tp, backend="reference", deterministic=deterministic)
     assert unsupported_reason(conv.problem) is None  # the kernels run it, no reference fallback
     before = len(emulated.launches)
-    theirs, mine = _conv_case(tp, _cuda_conv(conv, deterministic), seed if isinstance(seed, int) else 5, num_nodes=3, num_edges=7)
+    theirs, mine = _conv_case(tp, _cuda_conv(conv, deterministic), seed if isinstance(seed, int) else 5,
+                              num_nodes=3, num_edges=7)
     assert len(emulated.launches) > before
     _assert_all_close(mine, theirs, f"seed {seed}: {conv.problem.describe()}")
 
