@@ -62,6 +62,13 @@ def accelerated_training(device: str):
 
 
 def main(argv=None) -> None:
+    try:
+        import mace  # noqa: F401
+    except ImportError as err:
+        from ..extras import install_hint
+
+        print(f"mlip-accel-mace-train: error: needs mace-torch ({err}): {install_hint('mace')}", file=sys.stderr)
+        sys.exit(2)
     from mace import tools
     from mace.cli import run_train
 
