@@ -27,10 +27,8 @@ def cuda_unavailable_reason() -> str | None:
     try:
         import cupy  # noqa: F401
     except Exception as err:  # ImportError, or a CuPy built for another CUDA major version
-        from ..extras import install_hint
-
-        return (f"CuPy is not importable ({err}); install the extra matching torch's CUDA major version: "
-                f"{install_hint('cuda12')} or {install_hint('cuda13')}")
+        return (f"CuPy is not importable ({err}); install mlip_accel with the extra matching your CUDA:"
+                " pip install 'mlip_accel[cuda12]' or 'mlip_accel[cuda13]'")
     try:
         from ..runtime import backend as _  # noqa: F401
     except Exception as err:

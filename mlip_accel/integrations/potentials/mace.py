@@ -25,9 +25,7 @@ def _import_mace():
         import mace  # noqa: F401
         from ase.data import chemical_symbols  # noqa: F401
     except ImportError as err:
-        from ...extras import install_hint
-
-        raise ModelFileError(f"MACE models need mace-torch ({err}): {install_hint('mace')}") from err
+        raise ModelFileError(f"MACE models need mace-torch (pip install 'mlip_accel[mace]'): {err}") from err
 
 
 def claims(model) -> bool:

@@ -28,9 +28,7 @@ def _init_nequip():
         import nequip  # noqa: F401
         from nequip.utils.global_state import set_global_state
     except ImportError as err:
-        from ...extras import install_hint
-
-        raise ModelFileError(f"NequIP models need nequip ({err}): {install_hint('nequip')}") from err
+        raise ModelFileError(f"NequIP models need nequip (pip install 'mlip_accel[nequip]'): {err}") from err
     # nequip builds and loads models only after this (it sets its float64 default dtype, as its own
     # calculator does)
     set_global_state()
