@@ -27,6 +27,8 @@ space := $() $()
 extras = $(subst $(space),$(comma),$(strip $(1)))
 
 .PHONY: test test-nequip test-mace md envs clean-envs
+# built through a pattern chain (.stamp-test needs .stamp): make would delete .stamp as an intermediate file
+.PRECIOUS: $(VENVS)/%/.stamp $(VENVS)/%/.stamp-test
 
 # Runs both environments even when the first fails, then prints one verdict line per environment and an
 # overall 'N passed, N failed, N skipped' line (tests/verdict.py); non-zero exit on any failure.
