@@ -86,9 +86,13 @@ def test_examples_folder_and_readme_are_one_source():
 
 
 def test_relative_links_resolve():
-    links = re.findall(r"\]\((?!https?://|#)([^)#\s]+)", README.read_text())
-    missing = [link for link in links if not (REPO / link).exists()]
-    assert not missing, f"README links to files that do not exist: {missing}"
+    """README's and docs/'s links to files of the repository point to files that exist."""
+    missing = []
+    for page in [README, *sorted((REPO / "docs").glob("*.md"))]:
+        for link in re.findall(r"\]\((?!https?://|#)([^)#\s]+)", page.read_text()):
+            if not (page.parent / link).exists():
+                missing.append(f"{page.relative_to(REPO)} -> {link}")
+    assert not missing, "links to files that do not exist:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("block", _shell_blocks(run=False), ids=lambda b: f"line{b['line']}")
