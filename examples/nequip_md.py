@@ -19,7 +19,8 @@ atoms.rattle(0.05, seed=0)
 # moves the model to the device (CUDA when there is a GPU) and swaps our fused convolution in, in place,
 # after checking that the accelerated model gives the original's energy, forces and stress
 atoms.calc = AcceleratedCalculator.from_model(model, device="auto")
-print(atoms.calc.describe())  # which backend runs: "cuda" (our kernels) or "reference" (PyTorch)
+print(atoms.calc.describe())  # the model, the device, what runs in each layer and why
+print("backend:", atoms.calc.backend)  # "cuda": our kernels run; "reference": PyTorch (CPU, or no CuPy)
 
 Langevin(atoms, timestep=2 * units.fs, temperature_K=300, friction=0.01 / units.fs, fixcm=False).run(20)
 print(f"E = {atoms.get_potential_energy():.4f} eV after 20 steps")

@@ -4,7 +4,8 @@ A block's kind is its fence's language and an HTML comment on the line before th
 
 * ```python after ``<!-- example: examples/NAME.py -->``: must be that file, word for word (one source); the file
   runs in a fresh process, in the environment of the framework it imports (nequip or mace, by its name), and
-  must print which backend runs: "cuda" where our CUDA kernels can run in this process, else "reference".
+  must print which backend runs ("backend: ..."): "cuda" where our CUDA kernels can run in this process, else
+  "reference".
 * ```bash after ``<!-- run: nequip -->``: cheap commands, run with bash in a temporary folder with the nequip
   environment's scripts first on PATH (the quick start's `mlip-accel md`).
 * any other ```bash block (installs, `make`): checked with `bash -n` only: installing or building environments
@@ -114,7 +115,7 @@ def test_example_runs(name, tmp_path):
     out = subprocess.run([sys.executable, str(REPO / name)], cwd=tmp_path, env=_env(_framework(name)),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
-    assert f"mlip_accel ({_backend_expected()} backend)" in out.stdout, out.stdout
+    assert f"backend: {_backend_expected()}\n" in out.stdout, out.stdout
     assert re.search(r"E = -?\d+\.\d+ eV after \d+ steps", out.stdout), out.stdout
 
 
