@@ -116,25 +116,50 @@ class Potential:
     def inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
                neighbors: Neighbors) -> dict:
         """The model's input dict for one structure (tensors on the model's device)."""
+        f64 = dict(dtype=torch.float64, device=self.device)
+        return self.tensor_inputs(torch.as_tensor(np.asarray(positions), **f64),
+                                  torch.as_tensor(np.asarray(cell), **f64).view(3, 3), types, neighbors,
+                                  with_cell=bool(np.asarray(pbc).any()))
+
+    def tensor_inputs(self, positions: torch.Tensor, cell: torch.Tensor, types: torch.Tensor, neighbors: Neighbors,
+                      with_cell: bool) -> dict:
+        """The model's input dict from device tensors: positions (N, 3) and cell (3, 3) float64 (cast here).
+        ``with_cell``: whether the model sees a cell (periodic structures, and padded lists: see padding.py).
+        Only device operations: this runs inside CUDA graph captures (no host copies, no syncs)."""
         raise NotImplementedError
 
     def forward(self, inputs: dict, stress: bool) -> dict:
         """The model's raw outputs (energy, forces via autograd inside the model, stress when asked)."""
         raise NotImplementedError
 
-    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+    def tensor_outputs(self, outputs: dict, with_stress: bool) -> dict:
+        """``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3) and, when asked, ``stress`` (3, 3)."""
         raise NotImplementedError
+
+    def compute(self, positions: torch.Tensor, cell: torch.Tensor, types: torch.Tensor, neighbors: Neighbors,
+                with_cell: bool, stress: bool) -> dict:
+        """One evaluation from device tensors to device tensors (what a CUDA graph captures)."""
+        outputs = self.forward(self.tensor_inputs(positions, cell, types, neighbors, with_cell), stress=stress)
+        return {k: v.detach() for k, v in self.tensor_outputs(outputs, stress).items()}
 
     def evaluate(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
                  neighbors: Neighbors, stress: bool) -> Evaluation:
         """Energy, forces (and stress when asked and the cell has a volume) of one structure."""
         with_stress = stress and cell_has_volume(cell, pbc)
         outputs = self.forward(self.inputs(positions, cell, pbc, types, neighbors), stress=with_stress)
-        return self.results(outputs, with_stress)
+        return evaluation(self.tensor_outputs(outputs, with_stress))
 
     def describe(self) -> str:
         return (f"{self.framework} model {self.source} [{', '.join(self.symbols)}; r_max {self.r_max:g} A; "
                 f"{dtype_name(self.dtype)}]")
+
+
+def evaluation(tensors: dict) -> Evaluation:
+    """Device results (:meth:`Potential.compute`) -> host numbers for ASE."""
+    stress = tensors.get("stress")
+    return Evaluation(energy=float(tensors["energy"].detach().reshape(())),
+                      energies=to_numpy(tensors["energies"].reshape(-1)), forces=to_numpy(tensors["forces"]),
+                      stress=None if stress is None else to_numpy(stress.reshape(3, 3)))
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
