@@ -169,6 +169,11 @@ class GraphCache:
             torch.cuda.current_stream(device).wait_stream(side)
             if parameter_fingerprint(self.potential.model) != self._fingerprint:
                 raise RuntimeError("the model edits its own parameters or buffers when it runs")
+            with torch.no_grad():
+                # a new version of the edge buffers: the model's one-entry edge-sort cache (mlip_accel.graph) must
+                # miss, so that the sort is captured, not its warm-up result baked into the graph
+                inputs["receivers"].add_(0)
+                inputs["senders"].add_(0)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 outputs = step()

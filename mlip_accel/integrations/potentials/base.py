@@ -136,6 +136,10 @@ class Potential:
         """``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3) and, when asked, ``stress`` (3, 3)."""
         raise NotImplementedError
 
+    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+        """Host numbers of :meth:`forward`'s outputs."""
+        return evaluation(self.tensor_outputs(outputs, with_stress))
+
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, types: torch.Tensor, neighbors: Neighbors,
                 with_cell: bool, stress: bool) -> dict:
         """One evaluation from device tensors to device tensors (what a CUDA graph captures)."""
@@ -147,7 +151,7 @@ class Potential:
         """Energy, forces (and stress when asked and the cell has a volume) of one structure."""
         with_stress = stress and cell_has_volume(cell, pbc)
         outputs = self.forward(self.inputs(positions, cell, pbc, types, neighbors), stress=with_stress)
-        return evaluation(self.tensor_outputs(outputs, with_stress))
+        return self.results(outputs, with_stress)
 
     def describe(self) -> str:
         return (f"{self.framework} model {self.source} [{', '.join(self.symbols)}; r_max {self.r_max:g} A; "
@@ -155,11 +159,13 @@ class Potential:
 
 
 def evaluation(tensors: dict) -> Evaluation:
-    """Device results (:meth:`Potential.compute`) -> host numbers for ASE."""
-    stress = tensors.get("stress")
-    return Evaluation(energy=float(tensors["energy"].detach().reshape(())),
-                      energies=to_numpy(tensors["energies"].reshape(-1)), forces=to_numpy(tensors["forces"]),
-                      stress=None if stress is None else to_numpy(stress.reshape(3, 3)))
+    """Device results (:meth:`Potential.compute`) -> host numbers for ASE, in one device-to-host copy."""
+    energies, forces, stress = tensors["energies"].reshape(-1), tensors["forces"].reshape(-1), tensors.get("stress")
+    n = energies.shape[0]
+    parts = [tensors["energy"].reshape(1), energies, forces] + ([] if stress is None else [stress.reshape(-1)])
+    flat = to_numpy(torch.cat([p.detach().to(torch.float64) for p in parts]))
+    return Evaluation(energy=float(flat[0]), energies=flat[1:1 + n], forces=flat[1 + n:1 + 4 * n].reshape(n, 3),
+                      stress=None if stress is None else flat[1 + 4 * n:].reshape(3, 3))
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
