@@ -18,16 +18,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 status=0
 stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
 
-(cd tests && timeout 200 bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" test_cuda_graphs.py' 2>&1) \
+(cd tests && timeout 140 bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" test_cuda_graphs.py' 2>&1) \
   | tee "$OUT/tests_nequip.log" | tail -25
 stage "gpu tests (nequip)" "${PIPESTATUS[0]}"
-(cd tests && timeout 90 bash -c 'py_mace -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not nequip" test_cuda_graphs.py' 2>&1) \
+(cd tests && timeout 50 bash -c 'py_mace -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not nequip" test_cuda_graphs.py' 2>&1) \
   | tee "$OUT/tests_mace.log" | tail -15
 stage "gpu tests (mace)" "${PIPESTATUS[0]}"
 
 : >"$OUT/md_cli.log"
 for flag in --cuda-graphs --no-cuda-graphs; do
-  timeout 90 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 500 --output none --quiet $flag" \
+  timeout 45 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 300 --output none --quiet $flag" \
     2>&1 | tee -a "$OUT/md_cli.log"
 done
 python3 - "$OUT" <<'EOF'
@@ -38,9 +38,9 @@ json.dump(dict(zip(["graphs", "no graphs"], speeds)), open(f"{sys.argv[1]}/md_cl
 print("md cli steps/s:", dict(zip(["graphs", "no graphs"], speeds)))
 EOF
 
-timeout 170 bash -c 'py_nequip scripts/bench_md_graphs.py --framework nequip --out "$OUT" --time-budget 120' 2>&1 | tail -12
+timeout 110 bash -c 'py_nequip scripts/bench_md_graphs.py --framework nequip --out "$OUT" --time-budget 75' 2>&1 | tail -12
 stage "bench nequip" "${PIPESTATUS[0]}"
-timeout 150 bash -c 'py_mace scripts/bench_md_graphs.py --framework mace --out "$OUT" --time-budget 100' 2>&1 | tail -12
+timeout 100 bash -c 'py_mace scripts/bench_md_graphs.py --framework mace --out "$OUT" --time-budget 60' 2>&1 | tail -12
 stage "bench mace" "${PIPESTATUS[0]}"
 python3 scripts/bench_md_graphs.py --merge "$OUT"/bench_md_graphs.mace.json "$OUT"/bench_md_graphs.nequip.json \
   --cli "$OUT/md_cli.json" --out "$OUT" >/dev/null
