@@ -232,3 +232,19 @@ def test_parameter_fingerprint_sees_training_and_load_state_dict():
     with torch.no_grad():
         next(model.parameters()).add_(0.0)  # an optimizer step
     assert parameter_fingerprint(model) != after_load
+
+
+@pytest.mark.nequip
+def test_graph_cache_notices_a_swapped_layer_without_walking_the_model_each_call():
+    import nequip_fixtures as F
+    from mlip_accel.integrations.cuda_graphs import _ModelTensors
+
+    model = F.tiny_model("float64")
+    tensors = _ModelTensors(model)
+    first = tensors.fingerprint()
+    assert tensors.fingerprint() == first
+    # a layer replaced by a copy (new parameter tensors): a registration, so the model is walked again
+    parent, child_name, child = next((m, n, c) for m in model.modules() for n, c in m.named_children()
+                                     if any(True for _ in c.parameters()))
+    setattr(parent, child_name, copy.deepcopy(child))
+    assert tensors.fingerprint() != first
