@@ -16,8 +16,8 @@ Use it in one's own MD loop (device tensors in, device tensors out, no host roun
     out["energy"], out["forces"]                           # device tensors, owned by the caller
 
 Graphs are kept per (atom count, edge capacity, dtype, outputs, cell or not), at most ``max_graphs`` of
-them and ``max_graph_bytes`` of graph memory (least recently used dropped first), and dropped with the
-evaluator. A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is
+them and ``max_graph_bytes`` of graph memory (default: a quarter of the GPU's memory; least recently used
+dropped first, the newest always kept), and dropped with the evaluator. A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is
 noticed through its parameters' storage addresses and version counters and captured again. Where a
 capture fails (out of memory, an operation that needs the host), the evaluation runs eagerly from then
 on, after one warning that says why.
@@ -114,6 +114,9 @@ class GraphCache:
                  max_graph_edges: int = DEFAULT_MAX_GRAPH_EDGES):
         self.potential = potential
         self.max_graphs = int(max_graphs)
+        if max_graph_bytes is None and potential.device.type == "cuda":
+            # a 1000-atom MACE-MP-0-medium graph holds ~5 GiB (its forward + backward intermediates)
+            max_graph_bytes = torch.cuda.get_device_properties(potential.device).total_memory // 4
         self.max_graph_bytes = max_graph_bytes
         self.max_graph_edges = int(max_graph_edges)
         self._graphs: collections.OrderedDict = collections.OrderedDict()
