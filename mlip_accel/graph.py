@@ -78,11 +78,6 @@ def _is_fake(t: torch.Tensor) -> bool:
     return is_fake(t)
 
 
-def _capturing(t: torch.Tensor) -> bool:
-    # inside a CUDA graph capture a host read is forbidden: the caller validated the inputs before capture
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _compiling() -> bool:
     return torch.compiler.is_compiling() if hasattr(torch, "compiler") else False
 
@@ -106,7 +101,7 @@ def check_edge_indices(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes
             raise ValueError(f"{name} is on {index.device} but the node features are on {device}")
     if edge_dst.shape != edge_src.shape:
         raise ValueError(f"edge_dst and edge_src differ in length: {edge_dst.shape[0]} vs {edge_src.shape[0]}")
-    if edge_dst.numel() == 0 or _compiling() or _capturing(edge_dst):
+    if edge_dst.numel() == 0 or _compiling():
         return
     bounds = torch.stack([edge_dst.min(), edge_dst.max(), edge_src.min(), edge_src.max()]).tolist()
     for name, lo, hi in (("edge_dst", *bounds[:2]), ("edge_src", *bounds[2:])):
