@@ -5,16 +5,21 @@
 
 Each step builds a full neighbour list with vesin (on the GPU when the model runs there), with the edges
 ordered by receiver, and evaluates the model once; the model sorts the edges into CSR once per call and
-shares that between its layers.
+shares that between its layers. On CUDA the evaluation is replayed as a CUDA graph over a neighbour list
+padded to an edge capacity (``cuda_graphs``, ``pad_edges``: see :mod:`.cuda_graphs`, :mod:`.padding`).
 """
 from __future__ import annotations
 
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+import torch
+
+from .cuda_graphs import StepEvaluator
 from .errors import InputError
 from .neighbors import NeighborList
 from .potentials import Potential, load_potential, potential_from_model
+from .potentials.base import cell_has_volume, evaluation
 
 
 class AcceleratedCalculator(Calculator):
@@ -22,15 +27,31 @@ class AcceleratedCalculator(Calculator):
 
     Build it with :meth:`from_file` or :meth:`from_model`. ``accelerate=False`` runs the model as its
     framework built it (e3nn), which is what ``mlip-accel md --compare`` measures against.
+
+    ``cuda_graphs``: "auto" (on for CUDA devices), True (a CPU device raises InputError) or False: replay
+    each evaluation as a CUDA graph. ``pad_edges``: pad the neighbour list with inert edges to an edge
+    capacity (default: whenever graphs are on; also works on the CPU). ``num_edges``: real edges of the last
+    call; ``edge_capacity``: edges the model was called with after padding.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
-    def __init__(self, potential: Potential, **kwargs):
+    def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None, **kwargs):
         super().__init__(**kwargs)
         self.potential = potential
         self.neighbor_list = NeighborList(potential.r_max, potential.device)
+        self.evaluator = StepEvaluator(potential, cuda_graphs=cuda_graphs, pad_edges=pad_edges)
         self.num_edges = 0
+
+    @property
+    def edge_capacity(self) -> int:
+        """Edges the model was called with in the last call (``num_edges`` plus inert padding edges)."""
+        return self.evaluator.edge_capacity
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether evaluations replay CUDA graphs (False when off, or after a capture failed)."""
+        return self.evaluator.cuda_graphs
 
     @classmethod
     def from_file(cls, path, device="auto", dtype=None, backend: str = "auto", deterministic: bool = True,
@@ -72,7 +93,9 @@ class AcceleratedCalculator(Calculator):
         neighbors = self.neighbor_list(positions, cell, pbc)
         self.num_edges = neighbors.num_edges
         want_stress = "stress" in properties
-        result = self.potential.evaluate(positions, cell, pbc, types, neighbors, stress=want_stress)
+        f64 = dict(dtype=torch.float64, device=self.potential.device)
+        result = evaluation(self.evaluator(torch.as_tensor(positions, **f64), torch.as_tensor(cell, **f64), pbc,
+                                           types, neighbors, stress=want_stress and cell_has_volume(cell, pbc)))
         if want_stress and result.stress is None:
             raise PropertyNotImplementedError("stress needs a periodic structure whose cell has a volume")
         self.results = {"energy": result.energy, "free_energy": result.energy, "energies": result.energies,

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--backend", choices=BACKEND_CHOICES, default="auto",
                     help="mlip_accel backend: auto, cuda, reference (PyTorch), or e3nn: the model unaccelerated")
     md.add_argument("--head", default=None, help="head of a multi-head MACE model")
+    md.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                    help="replay each step's model evaluation as a CUDA graph (default: on for CUDA devices)")
     md.add_argument("--compare", action="store_true",
                     help="also run the unaccelerated (e3nn) model for the same steps: speedup and force difference")
     md.add_argument("--output", default="mlip-accel-md.traj", metavar="TRAJ",
@@ -134,8 +136,10 @@ def _calculator(args, accelerate: bool):
 
     model = default_model.MODEL_PATH if args.model is None else args.model
     backend = "auto" if args.backend == "e3nn" else args.backend
+    # the --compare baseline runs as its framework runs it: eagerly
+    graphs = ("auto" if args.cuda_graphs is None else args.cuda_graphs) if accelerate else False
     calc = AcceleratedCalculator.from_file(model, device=args.device, dtype=args.dtype, backend=backend,
-                                           accelerate=accelerate, head=args.head)
+                                           accelerate=accelerate, head=args.head, cuda_graphs=graphs)
     if args.model is None:
         calc.potential.source = f"built-in {default_model.SHORT_NAME}"
     return calc
@@ -230,6 +234,11 @@ def _summary(result, calc, args, out) -> None:
     import numpy as np
 
     print(f"  atoms   : {result.num_atoms}, {calc.num_edges} edges (last step)", file=out)
+    if calc.evaluator.graphs is not None:
+        graphs = calc.evaluator.graphs
+        state = "on" if calc.cuda_graphs else f"off after a failed capture ({graphs.disabled})"
+        print(f"  graphs  : {state}; edge capacity {calc.edge_capacity}, {graphs.captures} captures, "
+              f"{graphs.replays} replays, {graphs.nbytes / 2**20:.0f} MiB held", file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)
     if args.ensemble == "nve":

@@ -116,14 +116,35 @@ class Potential:
     def inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
                neighbors: Neighbors) -> dict:
         """The model's input dict for one structure (tensors on the model's device)."""
+        f64 = dict(dtype=torch.float64, device=self.device)
+        return self.tensor_inputs(torch.as_tensor(np.asarray(positions), **f64),
+                                  torch.as_tensor(np.asarray(cell), **f64).view(3, 3), types, neighbors,
+                                  with_cell=bool(np.asarray(pbc).any()))
+
+    def tensor_inputs(self, positions: torch.Tensor, cell: torch.Tensor, types: torch.Tensor, neighbors: Neighbors,
+                      with_cell: bool) -> dict:
+        """The model's input dict from device tensors: positions (N, 3) and cell (3, 3) float64 (cast here).
+        ``with_cell``: whether the model sees a cell (periodic structures, and padded lists: see padding.py).
+        Only device operations: this runs inside CUDA graph captures (no host copies, no syncs)."""
         raise NotImplementedError
 
     def forward(self, inputs: dict, stress: bool) -> dict:
         """The model's raw outputs (energy, forces via autograd inside the model, stress when asked)."""
         raise NotImplementedError
 
-    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+    def tensor_outputs(self, outputs: dict, with_stress: bool) -> dict:
+        """``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3) and, when asked, ``stress`` (3, 3)."""
         raise NotImplementedError
+
+    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+        """Host numbers of :meth:`forward`'s outputs."""
+        return evaluation(self.tensor_outputs(outputs, with_stress))
+
+    def compute(self, positions: torch.Tensor, cell: torch.Tensor, types: torch.Tensor, neighbors: Neighbors,
+                with_cell: bool, stress: bool) -> dict:
+        """One evaluation from device tensors to device tensors (what a CUDA graph captures)."""
+        outputs = self.forward(self.tensor_inputs(positions, cell, types, neighbors, with_cell), stress=stress)
+        return {k: v.detach() for k, v in self.tensor_outputs(outputs, stress).items()}
 
     def evaluate(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, types: torch.Tensor,
                  neighbors: Neighbors, stress: bool) -> Evaluation:
@@ -135,6 +156,16 @@ class Potential:
     def describe(self) -> str:
         return (f"{self.framework} model {self.source} [{', '.join(self.symbols)}; r_max {self.r_max:g} A; "
                 f"{dtype_name(self.dtype)}]")
+
+
+def evaluation(tensors: dict) -> Evaluation:
+    """Device results (:meth:`Potential.compute`) -> host numbers for ASE, in one device-to-host copy."""
+    energies, forces, stress = tensors["energies"].reshape(-1), tensors["forces"].reshape(-1), tensors.get("stress")
+    n = energies.shape[0]
+    parts = [tensors["energy"].reshape(1), energies, forces] + ([] if stress is None else [stress.reshape(-1)])
+    flat = to_numpy(torch.cat([p.detach().to(torch.float64) for p in parts]))
+    return Evaluation(energy=float(flat[0]), energies=flat[1:1 + n], forces=flat[1 + n:1 + 4 * n].reshape(n, 3),
+                      stress=None if stress is None else flat[1 + 4 * n:].reshape(3, 3))
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -6,12 +6,11 @@ as MACE's own calculator does: only load model files you trust.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..errors import InputError, ModelFileError
 from ..neighbors import Neighbors
-from .base import Evaluation, Potential, to_numpy
+from .base import Potential
 
 
 def available() -> bool:
@@ -85,31 +84,33 @@ class MACEPotential(Potential):
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
-    def inputs(self, positions, cell, pbc, types, neighbors: Neighbors) -> dict:
-        dtype, n = self.dtype, len(positions)
-        as_model = dict(dtype=dtype, device=self.device)
-        cell_t = torch.as_tensor(np.asarray(cell), **as_model).view(3, 3)
+    def tensor_inputs(self, positions, cell, types, neighbors: Neighbors, with_cell: bool) -> dict:
+        dtype, n = self.dtype, positions.shape[0]
+        cell_t = cell.to(dtype).view(3, 3)
         # MACE sends messages from edge_index[0] to edge_index[1]; our edges point from the receiver to
         # the neighbour, so the MACE edge (neighbour -> receiver) carries the opposite shift.
         unit_shifts = (-neighbors.unit_shifts).to(dtype)
+        # one-hot by comparison: F.one_hot checks its range on the host (a sync, not capturable)
+        classes = torch.arange(len(self.symbols), device=types.device)
         return {
-            "positions": torch.as_tensor(positions, **as_model),
-            "node_attrs": torch.nn.functional.one_hot(types, len(self.symbols)).to(dtype),
+            "positions": positions.to(dtype),
+            "node_attrs": (types[:, None] == classes).to(dtype),
             "edge_index": torch.stack([neighbors.senders, neighbors.receivers]),
             "unit_shifts": unit_shifts,
             "shifts": unit_shifts @ cell_t,
             "cell": cell_t,
-            "batch": torch.zeros(n, dtype=torch.long, device=self.device),
-            "ptr": torch.tensor([0, n], dtype=torch.long, device=self.device),
+            "batch": torch.zeros(n, dtype=torch.long, device=positions.device),
+            # [0, n] made on the device (a host tensor would be a host-to-device copy inside a graph capture)
+            "ptr": torch.arange(0, 2 * n, max(n, 1), dtype=torch.long, device=positions.device),
             "head": self._head_index,
         }
 
     def forward(self, inputs: dict, stress: bool) -> dict:
         return self.model(inputs, compute_stress=stress, training=False)
 
-    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
-        return Evaluation(
-            energy=float(outputs["energy"].detach().reshape(())),
-            energies=to_numpy(outputs["node_energy"].reshape(-1)),
-            forces=to_numpy(outputs["forces"]),
-            stress=to_numpy(outputs["stress"].reshape(3, 3)) if with_stress else None)
+    def tensor_outputs(self, outputs: dict, with_stress: bool) -> dict:
+        out = {"energy": outputs["energy"].reshape(()), "energies": outputs["node_energy"].reshape(-1),
+               "forces": outputs["forces"]}
+        if with_stress:
+            out["stress"] = outputs["stress"].reshape(3, 3)
+        return out

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 
 from ..errors import InputError, ModelFileError
 from ..neighbors import Neighbors
-from .base import Evaluation, Potential, dtype_name, to_numpy
+from .base import Potential, dtype_name
 
 BUILDER_FORMAT = "mlip_accel.nequip-builder/1"
 # Builders a builder file may name (looked up in nequip.model): data in a file never picks arbitrary code.
@@ -121,28 +120,26 @@ class NequIPPotential(Potential):
     def dtype(self) -> torch.dtype:
         return self._dtype
 
-    def inputs(self, positions, cell, pbc, types, neighbors: Neighbors) -> dict:
+    def tensor_inputs(self, positions, cell, types, neighbors: Neighbors, with_cell: bool) -> dict:
         from nequip.data import AtomicDataDict as K
 
         # nequip keeps positions and cells in float64 whatever the model dtype (its global dtype)
-        f64 = dict(dtype=torch.float64, device=self.device)
-        data = {K.POSITIONS_KEY: torch.as_tensor(positions, **f64),
+        data = {K.POSITIONS_KEY: positions.to(torch.float64),
                 K.EDGE_INDEX_KEY: torch.stack([neighbors.receivers, neighbors.senders]),
                 K.ATOM_TYPE_KEY: types}
-        if np.asarray(pbc).any():
-            data[K.CELL_KEY] = torch.as_tensor(np.asarray(cell), **f64).view(1, 3, 3)
+        if with_cell:
+            data[K.CELL_KEY] = cell.to(torch.float64).view(1, 3, 3)
             data[K.EDGE_CELL_SHIFT_KEY] = neighbors.unit_shifts.to(torch.float64)
         return data
 
     def forward(self, inputs: dict, stress: bool) -> dict:
         return self.model(inputs)  # nequip computes the stress whenever there is a cell
 
-    def results(self, outputs: dict, with_stress: bool) -> Evaluation:
+    def tensor_outputs(self, outputs: dict, with_stress: bool) -> dict:
         from nequip.data import AtomicDataDict as K
 
-        with_stress = with_stress and K.STRESS_KEY in outputs
-        return Evaluation(
-            energy=float(outputs[K.TOTAL_ENERGY_KEY].detach().reshape(())),
-            energies=to_numpy(outputs[K.PER_ATOM_ENERGY_KEY].reshape(-1)),
-            forces=to_numpy(outputs[K.FORCE_KEY]),
-            stress=to_numpy(outputs[K.STRESS_KEY].reshape(3, 3)) if with_stress else None)
+        out = {"energy": outputs[K.TOTAL_ENERGY_KEY].reshape(()),
+               "energies": outputs[K.PER_ATOM_ENERGY_KEY].reshape(-1), "forces": outputs[K.FORCE_KEY]}
+        if with_stress and K.STRESS_KEY in outputs:
+            out["stress"] = outputs[K.STRESS_KEY].reshape(3, 3)
+        return out
