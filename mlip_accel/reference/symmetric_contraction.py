@@ -81,3 +81,113 @@ def symmetric_contraction(problem: SymmetricContractionProblem, x: Tensor, eleme
             acc = x.new_zeros(b, c, output.dim)
         outs.append(acc.reshape(b, c * output.dim))
     return torch.cat(outs, dim=-1)
+
+
+# --- explicit derivatives (the CUDA ops' double backward, and the reference their kernels are checked against)
+# Per correlation order: P_n = prod_j x[i_nj] (the monomials), G = P @ coef viewed [B, C, M, K],
+# out[b, c, m] = sum_k G[b, c, m, k] * Wn[b, k, c] with Wn = W[elements]. All plain torch (differentiable).
+
+def _partial(x: Tensor, index: Tensor, skip: tuple[int, ...]) -> Tensor | None:
+    """prod_{j not in skip} x[..., index[:, j]] (None: the empty product, 1)."""
+    out = None
+    for j in range(index.shape[1]):
+        if j not in skip:
+            f = x.index_select(2, index[:, j])
+            out = f if out is None else out * f
+    return out
+
+
+def _mul(a: Tensor, b: Tensor | None) -> Tensor:
+    return a if b is None else a * b
+
+
+def _monomial_vjp(x: Tensor, index: Tensor, q: Tensor) -> Tensor:
+    """sum_n q_n dP_n/dx: [B, C, I]."""
+    gx = torch.zeros_like(x)
+    for j in range(index.shape[1]):
+        gx = gx.index_add(2, index[:, j], _mul(q, _partial(x, index, (j,))))
+    return gx
+
+
+def _monomial_jvp(x: Tensor, index: Tensor, d: Tensor) -> Tensor:
+    """sum_i d_i dP_n/dx_i: [B, C, n]."""
+    out = None
+    for j in range(index.shape[1]):
+        part = _mul(d.index_select(2, index[:, j]), _partial(x, index, (j,)))
+        out = part if out is None else out + part
+    return out
+
+
+def _monomial_hvp(x: Tensor, index: Tensor, q: Tensor, d: Tensor) -> Tensor:
+    """sum_n q_n sum_i' d_i' d2P_n/(dx_i dx_i'): [B, C, I]."""
+    gx = torch.zeros_like(x)
+    nu = index.shape[1]
+    for j in range(nu):
+        for jj in range(nu):
+            if j != jj:
+                part = _mul(q * d.index_select(2, index[:, jj]), _partial(x, index, (j, jj)))
+                gx = gx.index_add(2, index[:, j], part)
+    return gx
+
+
+def _terms(problem: SymmetricContractionProblem, x: Tensor):
+    """(output index, its offset in the output, term, K offset, monomial index, coefficients) per nonzero order."""
+    for o, output in enumerate(problem.outputs):
+        for t, (term, offset) in enumerate(zip(output.terms, output.weight_offsets)):
+            if term.monomials:
+                index, coef = _term_tensors(problem, (o, t), x.dtype, x.device)
+                yield output, problem.output_offsets[o], term, offset, index, coef
+
+
+def backward(problem: SymmetricContractionProblem, x: Tensor, elements: Tensor, weights: Tensor,
+             grad_out: Tensor) -> tuple[Tensor, Tensor]:
+    """(grad_x [B, C, I], grad_weights [E, K_total, C]) for the incoming gradient ``grad_out [B, dim_out]``."""
+    b, c = x.shape[0], problem.channels
+    elements = elements.long()
+    wn = weights.index_select(0, elements)
+    gx = torch.zeros_like(x)
+    gwn = torch.zeros_like(wn)
+    for output, start, term, off, index, coef in _terms(problem, x):
+        m, k = output.dim, term.num_params
+        gz = grad_out[:, start:start + c * m].reshape(b, c, m)
+        mono = _partial(x, index, ())
+        g = (mono @ coef).view(b, c, m, k)
+        gwn[:, off:off + k] += torch.einsum("bcm,bcmk->bkc", gz, g)
+        r = torch.einsum("bcm,bkc->bcmk", gz, wn[:, off:off + k]).reshape(b, c, m * k)
+        gx = gx + _monomial_vjp(x, index, r @ coef.T)
+    gw = torch.zeros_like(weights).index_add(0, elements, gwn)
+    return gx, gw
+
+
+def double_backward(problem: SymmetricContractionProblem, x: Tensor, elements: Tensor, weights: Tensor,
+                    grad_out: Tensor, ggx: Tensor | None, ggw: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (x, weights, grad_out) of <ggx, gx> + <ggw, gw> where (gx, gw) = backward(...)."""
+    b, c = x.shape[0], problem.channels
+    elements = elements.long()
+    wn = weights.index_select(0, elements)
+    ggwn = ggw.index_select(0, elements) if ggw is not None else None
+    dx = torch.zeros_like(x)
+    dwn = torch.zeros_like(wn)
+    dgz = torch.zeros_like(grad_out)
+    for output, start, term, off, index, coef in _terms(problem, x):
+        m, k = output.dim, term.num_params
+        gz = grad_out[:, start:start + c * m].reshape(b, c, m)
+        w = wn[:, off:off + k]
+        part_gz = None
+        if ggx is not None:
+            dg = (_monomial_jvp(x, index, ggx) @ coef).view(b, c, m, k)
+            part_gz = torch.einsum("bcmk,bkc->bcm", dg, w)
+            dwn[:, off:off + k] += torch.einsum("bcm,bcmk->bkc", gz, dg)
+            q = torch.einsum("bcm,bkc->bcmk", gz, w).reshape(b, c, m * k) @ coef.T
+            dx = dx + _monomial_hvp(x, index, q, ggx)
+        if ggwn is not None:
+            gw_k = ggwn[:, off:off + k]
+            g = (_partial(x, index, ()) @ coef).view(b, c, m, k)
+            p = torch.einsum("bcmk,bkc->bcm", g, gw_k)
+            part_gz = p if part_gz is None else part_gz + p
+            q2 = torch.einsum("bcm,bkc->bcmk", gz, gw_k).reshape(b, c, m * k) @ coef.T
+            dx = dx + _monomial_vjp(x, index, q2)
+        if part_gz is not None:
+            dgz[:, start:start + c * m] += part_gz.reshape(b, c * m)
+    dw = torch.zeros_like(weights).index_add(0, elements, dwn)
+    return dx, dw, dgz

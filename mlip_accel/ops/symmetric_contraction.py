@@ -1,0 +1,82 @@
+"""torch.library ops ``mlip_accel::symcon_*`` (MACE's symmetric contraction on the generated kernels), autograd
+to second order, and the one function modules call, :func:`symmetric_contraction`, which picks the backend.
+
+Forward and backward are kernels. The double backward is the reference's explicit composition
+(``reference.symmetric_contraction.double_backward``: plain torch operations, so it traces under
+torch.compile); the contraction is linear in the weights but a polynomial in x, so the tensor product's
+"replace one operand" identity does not apply to it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..problem import get_problem
+from ..reference import symmetric_contraction as reference
+from . import backends
+
+NS = "mlip_accel"
+
+
+def _runtime():
+    from ..runtime import symmetric_contraction as runtime  # imports no CuPy until a kernel is launched
+    return runtime
+
+
+@torch.library.custom_op(f"{NS}::symcon_forward", mutates_args=())
+def symcon_forward(x: Tensor, elements: Tensor, weights: Tensor, problem: str) -> Tensor:
+    return _runtime().forward(get_problem(problem), x.contiguous(), elements.contiguous(), weights.contiguous())
+
+
+@torch.library.custom_op(f"{NS}::symcon_backward", mutates_args=())
+def symcon_backward(x: Tensor, elements: Tensor, weights: Tensor, grad_out: Tensor, need_weights: bool,
+                    problem: str) -> tuple[Tensor, Tensor]:
+    gx, gw = _runtime().backward(get_problem(problem), x.contiguous(), elements.contiguous(),
+                                 weights.contiguous(), grad_out.contiguous(), need_weights)
+    return gx, (gw if gw is not None else torch.zeros_like(weights))
+
+
+@symcon_forward.register_fake
+def _(x, elements, weights, problem):
+    return x.new_empty(x.shape[0], get_problem(problem).dim_out)
+
+
+@symcon_backward.register_fake
+def _(x, elements, weights, grad_out, need_weights, problem):
+    return torch.empty_like(x), torch.empty_like(weights)
+
+
+def _forward_setup(ctx, inputs, output):
+    x, elements, weights, problem = inputs
+    ctx.save_for_backward(x, elements, weights)
+    ctx.problem = problem
+
+
+def _forward_bwd(ctx, grad_out):
+    x, elements, weights = ctx.saved_tensors
+    gx, gw = symcon_backward(x, elements, weights, grad_out.contiguous(), ctx.needs_input_grad[2], ctx.problem)
+    return gx, None, (gw if ctx.needs_input_grad[2] else None), None
+
+
+def _backward_setup(ctx, inputs, output):
+    x, elements, weights, grad_out, _, problem = inputs
+    ctx.save_for_backward(x, elements, weights, grad_out)
+    ctx.problem = problem
+
+
+def _backward_bwd(ctx, ggx, ggw):
+    x, elements, weights, grad_out = ctx.saved_tensors
+    dx, dw, dgz = reference.double_backward(get_problem(ctx.problem), x, elements, weights, grad_out, ggx, ggw)
+    return dx, None, dw, dgz, None, None
+
+
+symcon_forward.register_autograd(_forward_bwd, setup_context=_forward_setup)
+symcon_backward.register_autograd(_backward_bwd, setup_context=_backward_setup)
+
+
+def symmetric_contraction(x: Tensor, elements: Tensor, weights: Tensor, problem: str, backend: str) -> Tensor:
+    """``[B, dim_out]`` on the backend ``backend`` ("auto", "reference", "cuda") resolves to for x's device.
+    The reference runs as plain torch (autograd differentiates it to any order)."""
+    if backends.resolve(backend, x.device) == "reference":
+        return reference.symmetric_contraction(get_problem(problem), x, elements, weights)
+    return symcon_forward(x, elements, weights, problem)
