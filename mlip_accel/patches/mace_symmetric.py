@@ -40,7 +40,8 @@ class MACESymmetricContraction(torch.nn.Module):
         self.internal_weights = getattr(original, "internal_weights", True)
         self.shared_weights = getattr(original, "shared_weights", None)
         self.contractions = original.contractions  # MACE's modules, shared: same parameters, same state_dict
-        self.contraction = SymmetricContraction(problem, backend=backend)  # stateless: adds no state_dict entry
+        # stateless, and kept out of the module tree so the model's named_modules stay MACE's own
+        object.__setattr__(self, "contraction", SymmetricContraction(problem, backend=backend))
         self._original = (original,)  # outside the module tree: restore() puts it back
 
     @property
