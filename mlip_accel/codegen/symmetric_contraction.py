@@ -61,7 +61,19 @@ def _by_k(term: CorrelationTerm) -> dict[int, dict[int, list]]:
 
 
 def _sum(pairs, dtype: str) -> str:
-    return " + ".join(f"{hex_literal(v, dtype)}*({_monomial(mono)})" for mono, v in pairs)
+    """sum_mono c * P_mono in Horner form over the sorted monomials' leading indices:
+    ``x0*(x0*(c*x0 + c*x1) + x1*(c*x1)) + ...`` - fewer products, and no product of two x left for the
+    compiler to hoist and keep live across the whole kernel (the flat sum needed 240 registers)."""
+    constants = [v for mono, v in pairs if not mono]
+    groups: dict[int, list] = {}
+    for mono, v in pairs:
+        if mono:
+            groups.setdefault(mono[0], []).append((mono[1:], v))
+    parts = [hex_literal(sum(constants), dtype)] if constants else []
+    for i, rest in sorted(groups.items()):
+        inner = _sum(rest, dtype)
+        parts.append(f"x{i}*{inner}" if all(not m for m, _ in rest) and len(rest) == 1 else f"x{i}*({inner})")
+    return " + ".join(parts)
 
 
 def _arguments(spec: SymconSpec) -> tuple[Argument, ...]:
@@ -97,6 +109,53 @@ def _forward_body(p: SymmetricContractionProblem, dtype: str) -> list[str]:
     return lines
 
 
+class _Emitter:
+    """Reverse-mode code for one polynomial R(x) = sum_mono coef_mono(z) * P_mono(x) over the trie of its sorted
+    monomials: node value V_p = sum_j x_j * V_{p+j}, the adjoint of child j is adj_p * x_j, and
+    grad x_j += adj_p * V_{p+j}. Depth-first, so only one path of the trie is live in registers."""
+
+    def __init__(self, dtype: str, lines: list[str], indent: str):
+        self.dtype, self.lines, self.indent, self.count = dtype, lines, indent, 0
+
+    def _var(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def _coef(self, entries) -> str:
+        return "(" + " + ".join(f"{hex_literal(v, self.dtype)}*z{m}" for m, v in entries) + ")"
+
+    def node(self, children: dict, adj: str, depth: int) -> str:
+        pad = self.indent + "  " * depth
+        v = self._var("v")
+        self.lines.append(f"{pad}T {v} = 0;")
+        for j, (sub, entries) in sorted(children.items()):
+            if entries:  # a monomial ends at this child: its coefficient is part of V_child
+                coef = self._coef(entries)
+                if not sub:
+                    self.lines.append(f"{pad}{v} += x{j}*{coef}; g{j} += {adj}*{coef};")
+                    continue
+            a = self._var("a")
+            self.lines.append(f"{pad}{{ const T {a} = {adj}*x{j};")
+            cv = self.node(sub, a, depth + 1)
+            if entries:
+                self.lines.append(f"{pad}  {cv} += {self._coef(entries)};")
+            self.lines.append(f"{pad}  {v} += x{j}*{cv}; g{j} += {adj}*{cv}; }}")
+        return v
+
+
+def _trie(monomials: dict) -> dict:
+    """{j: (subtrie, entries ending at j)} of {sorted monomial: [(m, coefficient)]}."""
+    root: dict = {}
+    for mono, entries in monomials.items():
+        node = root
+        for depth, j in enumerate(mono):
+            sub, ending = node.setdefault(j, ({}, []))
+            if depth == len(mono) - 1:
+                ending.extend(entries)
+            node = sub
+    return root
+
+
 def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> list[str]:
     lines = [f"  T g{i} = 0;" for i in range(p.dim_in)]
     for output, start in zip(p.outputs, p.output_offsets):
@@ -104,23 +163,16 @@ def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> 
         lines.append(f"    const T* gp = grad_out + b * {p.dim_out} + {start} + c * {output.dim};")
         lines += [f"    const T z{m} = gp[{m}];" for m in range(output.dim)]
         for term, off in zip(output.terms, output.weight_offsets):
-            if not term.monomials:
-                continue
-            lines.append("    {")
-            ks = sorted(_by_k(term))
-            lines += [f"      const T w{k} = wp[{(off + k) * p.channels}];" for k in ks]
-            if with_w:
-                for k, by_m in _by_k(term).items():
-                    terms = " + ".join(f"z{m} * ({_sum(pairs, dtype)})" for m, pairs in sorted(by_m.items()))
-                    lines.append(f"      grad_wn[(b * {p.num_params} + {off + k}) * {p.channels} + c] = {terms};")
+            by_k: dict[int, dict] = {}
             for mono, entries in term.monomials:
-                q = " + ".join(f"{hex_literal(v, dtype)}*(z{m}*w{k})" for m, k, v in entries)
-                lines.append(f"      {{ const T q = {q};")
-                for j, i in enumerate(mono):
-                    rest = _monomial(mono, skip=j)
-                    lines.append(f"        g{i} += q{'*(' + rest + ')' if rest else ''};")
-                lines.append("      }")
-            lines.append("    }")
+                for m, k, value in entries:
+                    by_k.setdefault(k, {}).setdefault(mono, []).append((m, value))
+            for k, monomials in sorted(by_k.items()):
+                lines.append(f"    {{ const T w = wp[{(off + k) * p.channels}];")
+                root = _Emitter(dtype, lines, "      ").node(_trie(monomials), "w", 0)
+                if with_w:  # R_k(x) = sum_m z_m s[m, k]: the node's gradient of weight row k
+                    lines.append(f"      grad_wn[(b * {p.num_params} + {off + k}) * {p.channels} + c] = {root};")
+                lines.append("    }")
         lines.append("  }")
     lines.append(f"  T* gxp = grad_x + t * {p.dim_in};")
     lines += [f"  gxp[{i}] = g{i};" for i in range(p.dim_in)]
