@@ -18,7 +18,7 @@ stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | te
   py_mace -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
 } >>"$OUT/setup.log" 2>&1
 
-timeout 120 py_mace - >"$OUT/precompile.log" 2>&1 <<'PY'
+timeout 90 py_mace - >"$OUT/precompile.log" 2>&1 <<'PY'
 import concurrent.futures, sys, time
 sys.path.insert(0, "tests")
 import torch
@@ -35,11 +35,11 @@ print(f"precompiled {len(sources)} kernels for {target} in {time.perf_counter() 
 PY
 stage precompile $?
 
-(cd tests && timeout 200 py_mace -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+(cd tests && timeout 150 py_mace -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   test_symmetric_contraction_gpu.py 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
 stage "gpu tests" "${PIPESTATUS[0]}"
 
-timeout 200 py_mace scripts/bench_symcon.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
+timeout 170 py_mace scripts/bench_symcon.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
 stage benchmark "${PIPESTATUS[0]}"
 cat "$OUT/summary.txt"
 exit $status
