@@ -10,15 +10,19 @@ set -uo pipefail
 OUT=${OUT:-$PWD/gpu_check_symcon_out}
 mkdir -p "$OUT"
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
-source scripts/device_env.sh >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+if [[ -z "${SYMCON_PYTHON:-}" ]]; then  # SYMCON_PYTHON=/path/to/python: a dry run of this script off the device
+  source scripts/device_env.sh >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+  export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 PYTHONPATH=$MLIP_PYTHONPATH_MACE
+fi
+PY=${SYMCON_PYTHON:-python3}  # a program, not the py_mace function: `timeout` runs programs only
 status=0
 stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
 : >"$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  py_mace -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
+  $PY -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
 } >>"$OUT/setup.log" 2>&1
 
-timeout 90 py_mace - >"$OUT/precompile.log" 2>&1 <<'PY'
+timeout 90 $PY - >"$OUT/precompile.log" 2>&1 <<'PY'
 import concurrent.futures, sys, time
 sys.path.insert(0, "tests")
 import torch
@@ -35,11 +39,11 @@ print(f"precompiled {len(sources)} kernels for {target} in {time.perf_counter() 
 PY
 stage precompile $?
 
-(cd tests && timeout 150 py_mace -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+(cd tests && timeout 150 $PY -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   test_symmetric_contraction_gpu.py 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
 stage "gpu tests" "${PIPESTATUS[0]}"
 
-timeout 170 py_mace scripts/bench_symcon.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
+timeout 170 $PY scripts/bench_symcon.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
 stage benchmark "${PIPESTATUS[0]}"
 cat "$OUT/summary.txt"
 exit $status
