@@ -49,6 +49,17 @@ def test_ops_gradcheck_gradgradcheck_on_gpu():
     assert torch.autograd.gradgradcheck(fn, (x, w))
 
 
+def test_eager_dispatch_gradgradcheck_on_gpu():
+    p = problem("ell2-L2-corr3")
+    key = register_problem(p)
+    x, elements, w, _ = inputs(p, nodes=3, dtype=torch.float64, device=DEV, seed=10)
+    x.requires_grad_()
+    w.requires_grad_()
+    fn = lambda a, b: ops._Forward.apply(a, elements, b, key)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w))
+    assert torch.autograd.gradgradcheck(fn, (x, w))
+
+
 def test_cuda_graph_capture_replays_forward_and_backward():
     p = problem("ell2-L2-corr3")
     key = register_problem(p)

@@ -89,6 +89,18 @@ def test_ops_gradcheck_and_gradgradcheck_on_emulated_kernels(emulated):
     assert torch.autograd.gradgradcheck(fn, (x, w))
 
 
+def test_eager_dispatch_gradcheck_and_gradgradcheck_on_emulated_kernels(emulated):
+    # outside torch.compile the module path calls the same kernels through autograd.Functions (less overhead)
+    p = problem("ell2-L2-corr3")
+    key = register_problem(p)
+    x, elements, w, _ = inputs(p, nodes=2, dtype=torch.float64, seed=5)
+    x.requires_grad_()
+    w.requires_grad_()
+    fn = lambda a, b: ops._Forward.apply(a, elements, b, key)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w))
+    assert torch.autograd.gradgradcheck(fn, (x, w))
+
+
 def test_ops_second_derivatives_equal_reference_corr3(emulated):
     p = problem("ell2-L2-corr3")
     key = register_problem(p)

@@ -10,6 +10,7 @@ and :func:`uninstall` swap, :func:`plain` runs a block of code on MACE's own mod
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import torch
 
@@ -18,15 +19,26 @@ from ..problem.symmetric_contraction import from_mace, weight_tensors
 from . import NotAcceleratable
 
 
+# The last node_attrs checked and its index: every product block of one forward pass gets the same tensor,
+# so the check (a host synchronisation) runs once per pass, not once per block.
+_LAST: tuple = (None, -1, None)
+
+
 def element_index(node_attrs: torch.Tensor) -> torch.Tensor:
     """The element index of each node from MACE's one-hot ``node_attrs`` (as MACE's own cuEquivariance path
-    takes it). Anything but a one-hot is refused: the index would silently drop the other components."""
+    takes it). Anything but a one-hot is refused: the index would silently drop the other components.
+    While compiling or capturing a CUDA graph nothing is checked (a check would synchronise)."""
+    global _LAST
+    ref, version, index = _LAST
+    if ref is not None and ref() is node_attrs and version == node_attrs._version:
+        return index
     index = node_attrs.argmax(dim=-1)
     if _eager():
         one_hot = torch.nn.functional.one_hot(index, node_attrs.shape[-1]).to(node_attrs.dtype)
         if not torch.equal(node_attrs, one_hot):
             raise ValueError("mlip_accel's symmetric contraction needs one-hot node_attrs (MACE's element "
                              "encoding); these are not one-hot")
+        _LAST = (weakref.ref(node_attrs), node_attrs._version, index)
     return index
 
 
@@ -54,7 +66,8 @@ class MACESymmetricContraction(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
         weights = torch.cat(weight_tensors(self), dim=1)
-        return self.contraction(x, element_index(node_attrs), weights)
+        # the index of a one-hot is in range by construction: no second check (and synchronisation)
+        return self.contraction(x, element_index(node_attrs), weights, elements_checked=True)
 
 
 def _mace_classes():
