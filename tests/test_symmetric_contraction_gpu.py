@@ -36,6 +36,12 @@ def test_every_direction_equals_reference(name, dtype):
     want_gx, want_gw = reference.backward(p, x64, elements, w64, gz64)
     for got, want in ((gx_only, want_gx), (gx, want_gx), (gw, want_gw)):
         assert rel_err(got, want) <= TOL[dtype]
+    ggx, ggw = torch.randn_like(x), torch.randn_like(w)
+    with debug.poison():
+        got = runtime.double_backward(p, x, elements, w, gz, ggx, ggw)
+    want = reference.double_backward(p, x64, elements, w64, gz64, ggx.double(), ggw.double())
+    for g, r in zip(got, want):
+        assert rel_err(g, r) <= TOL[dtype]
 
 
 def test_ops_gradcheck_gradgradcheck_on_gpu():

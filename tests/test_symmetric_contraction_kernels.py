@@ -47,7 +47,14 @@ def test_emulated_kernels_equal_reference(emulated, name, dtype):
     assert gw is None and rel_err(gx, want_gx) <= TOL[dtype]
     gx, gw = runtime.backward(p, x, elements, w, gz, need_weights=True)
     assert rel_err(gx, want_gx) <= TOL[dtype] and rel_err(gw, want_gw) <= TOL[dtype]
-    assert {k[0].split("_")[1] for k in emulated.launches} >= {"forward", "backward"}
+    ggx, ggw = torch.randn_like(x), torch.randn_like(w)
+    for a, b in ((ggx, ggw), (ggx, None), (None, ggw)):
+        got = runtime.double_backward(p, x, elements, w, gz, a, b)
+        want = reference.double_backward(p, x64, elements, w64, gz64, None if a is None else a.double(),
+                                         None if b is None else b.double())
+        for g, r in zip(got, want):
+            assert rel_err(g, r) <= TOL[dtype]
+    assert {k[0].split("_")[1] for k in emulated.launches} >= {"forward", "backward", "double"}
 
 
 def test_launch_plan_is_serialisable_and_names_everything():

@@ -164,3 +164,20 @@ def test_element_index_out_of_range_refused():
         sc.contraction(x, torch.tensor([0, 2, 1]), weights)
     with pytest.raises(ValueError, match="weights must be"):
         sc.contraction(x, torch.tensor([0, 1, 1]), weights[:, :-1])
+
+
+def test_inference_mode_and_one_check_per_pass(structures, monkeypatch):
+    from mlip_accel.patches import mace_symmetric
+
+    plain = _model(correlation=3)
+    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")
+    batch = batch_for(plain, structures)
+    calls = []
+    real_equal = torch.equal
+    with torch.inference_mode():  # inference tensors keep no version counter
+        with monkeypatch.context() as m:
+            m.setattr(mace_symmetric.torch, "equal", lambda a, b: calls.append(1) or real_equal(a, b))
+            got = fast(dict(batch), compute_force=False)["energy"]
+        want = plain(dict(batch), compute_force=False)["energy"]
+    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+    assert len(calls) == 1  # both product blocks share the pass's node_attrs: one one-hot check

@@ -19,7 +19,7 @@ from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTE
 from .literals import hex_literal
 
 FAMILY = "symmetric_contraction"
-DIRECTIONS = ("forward", "backward", "backward_w")
+DIRECTIONS = ("forward", "backward", "backward_w", "double_backward")
 DTYPES = ("float32", "float64")
 BLOCK_THREADS = 128
 
@@ -83,6 +83,13 @@ def _arguments(spec: SymconSpec) -> tuple[Argument, ...]:
             Argument("weights", f"const {t}*", "input", f"[{p.num_elements}, {p.num_params}, {p.channels}]")]
     if spec.direction == "forward":
         args.append(Argument("out", f"{t}*", "output", f"[nodes, {p.dim_out}]"))
+    elif spec.direction == "double_backward":
+        args += [Argument("grad_out", f"const {t}*", "input", f"[nodes, {p.dim_out}]"),
+                 Argument("ggx", f"const {t}*", "input", f"[nodes, {p.channels}, {p.dim_in}]"),
+                 Argument("ggw", f"const {t}*", "input", f"[{p.num_elements}, {p.num_params}, {p.channels}]"),
+                 Argument("dx", f"{t}*", "output", f"[nodes, {p.channels}, {p.dim_in}]"),
+                 Argument("dgz", f"{t}*", "output", f"[nodes, {p.dim_out}]"),
+                 Argument("dwn", f"{t}*", "output", f"[nodes, {p.num_params}, {p.channels}]")]
     else:
         args += [Argument("grad_out", f"const {t}*", "input", f"[nodes, {p.dim_out}]"),
                  Argument("grad_x", f"{t}*", "output", f"[nodes, {p.channels}, {p.dim_in}]")]
@@ -179,6 +186,86 @@ def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> 
     return lines
 
 
+class _DualEmitter:
+    """Forward-mode (value, derivative along h = ggx) of a polynomial over its monomial trie, and optionally the
+    reverse sweep of ``a_root * V + d_root * dV`` through it (forward-over-reverse: a Hessian-vector product).
+    Node p: V_p = sum_j x_j V_{p+j} (+ c), dV_p = sum_j (h_j V_{p+j} + x_j dV_{p+j}); child adjoints
+    a_{p+j} = a_p x_j + d_p h_j, d_{p+j} = d_p x_j; grad x_j += a_p V_{p+j} + d_p dV_{p+j}."""
+
+    def __init__(self, dtype: str, lines: list[str], indent: str, coef, adjoint: bool):
+        self.dtype, self.lines, self.indent, self.coef, self.adjoint, self.count = dtype, lines, indent, coef, adjoint, 0
+
+    def _var(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def node(self, children: dict, a: str | None, d: str | None, depth: int) -> tuple[str, str]:
+        pad = self.indent + "  " * depth
+        v, dv = self._var("v"), self._var("dv")
+        self.lines.append(f"{pad}T {v} = 0, {dv} = 0;")
+        for j, (sub, entries) in sorted(children.items()):
+            coef = self.coef(entries) if entries else None
+            if not sub:
+                self.lines.append(f"{pad}{v} += x{j}*{coef}; {dv} += h{j}*{coef};"
+                                  + (f" g{j} += {a}*{coef};" if self.adjoint else ""))
+                continue
+            ca = cd = None
+            if self.adjoint:
+                ca, cd = self._var("a"), self._var("d")
+                self.lines.append(f"{pad}{{ const T {ca} = {a}*x{j} + {d}*h{j}; const T {cd} = {d}*x{j};")
+            else:
+                self.lines.append(f"{pad}{{")
+            cv, cdv = self.node(sub, ca, cd, depth + 1)
+            if coef is not None:
+                self.lines.append(f"{pad}  {cv} += {coef};")
+            self.lines.append(f"{pad}  {v} += x{j}*{cv}; {dv} += h{j}*{cv} + x{j}*{cdv};"
+                              + (f" g{j} += {a}*{cv} + {d}*{cdv};" if self.adjoint else "") + " }")
+        return v, dv
+
+
+def _double_backward_body(p: SymmetricContractionProblem, dtype: str) -> list[str]:
+    """Gradients of <ggx, grad_x> + <ggw, grad_w> (grad_x, grad_w the backward's outputs) to x, grad_out and
+    the node's weight rows: dgz[m] = sum_k w_k dS_mk + u_k S_mk; dwn_k = dR_k; dx = sum_k grad(u_k R_k + w_k dR_k),
+    with S_mk = s[m, k](x), R_k = sum_m z_m S_mk, d = derivative along ggx, u = ggw's row of the node's element."""
+    lines = ["  const T* hp = ggx + t * %d;" % p.dim_in]
+    lines += [f"  const T h{i} = hp[{i}];" for i in range(p.dim_in)]
+    lines.append(f"  const T* up = ggw + elements[b] * {p.num_params * p.channels} + c;")
+    lines += [f"  T g{i} = 0;" for i in range(p.dim_in)]
+    for output, start in zip(p.outputs, p.output_offsets):
+        lines.append("  {")
+        lines.append(f"    const T* gp = grad_out + b * {p.dim_out} + {start} + c * {output.dim};")
+        lines += [f"    const T z{m} = gp[{m}];" for m in range(output.dim)]
+        lines += [f"    T e{m} = 0;" for m in range(output.dim)]
+        for term, off in zip(output.terms, output.weight_offsets):
+            by_k: dict[int, dict] = {}
+            for mono, entries in term.monomials:
+                for m, k, value in entries:
+                    by_k.setdefault(k, {}).setdefault(mono, []).append((m, value))
+            for k, monomials in sorted(by_k.items()):
+                row = (off + k) * p.channels
+                lines.append(f"    {{ const T w = wp[{row}]; const T u = up[{row}];")
+                for m in sorted({m for entries in monomials.values() for m, _ in entries}):
+                    single = {mono: [(mm, v) for mm, v in entries if mm == m] for mono, entries in monomials.items()}
+                    single = {mono: entries for mono, entries in single.items() if entries}
+                    emit = _DualEmitter(dtype, lines, "      ",
+                                        lambda entries: hex_literal(sum(v for _, v in entries), dtype), adjoint=False)
+                    lines.append("      {")
+                    sv, sdv = emit.node(_trie(single), None, None, 1)
+                    lines.append(f"        e{m} += w*{sdv} + u*{sv};")
+                    lines.append("      }")
+                emit = _DualEmitter(dtype, lines, "      ", lambda entries: "(" + " + ".join(
+                    f"{hex_literal(v, dtype)}*z{m}" for m, v in entries) + ")", adjoint=True)
+                _, rdv = emit.node(_trie(monomials), "u", "w", 0)
+                lines.append(f"      dwn[(b * {p.num_params} + {off + k}) * {p.channels} + c] = {rdv};")
+                lines.append("    }")
+        lines.append(f"    T* ep = dgz + b * {p.dim_out} + {start} + c * {output.dim};")
+        lines += [f"    ep[{m}] = e{m};" for m in range(output.dim)]
+        lines.append("  }")
+    lines.append(f"  T* gxp = dx + t * {p.dim_in};")
+    lines += [f"  gxp[{i}] = g{i};" for i in range(p.dim_in)]
+    return lines
+
+
 def zero_weight_rows(spec: SymconSpec) -> list[tuple[int, int]]:
     """(first, count) row ranges of grad_wn no nonzero writes (orders whose U is zero): the launcher zeroes them."""
     rows = []
@@ -194,6 +281,8 @@ def generate_symmetric_contraction(spec: SymconSpec) -> GeneratedKernel:
     args = _arguments(spec)
     if spec.direction == "forward":
         body = _forward_body(p, spec.dtype)
+    elif spec.direction == "double_backward":
+        body = _double_backward_body(p, spec.dtype)
     else:
         body = _backward_body(p, spec.dtype, spec.direction == "backward_w")
     load_x = "\n".join(f"  const T x{i} = xp[{i}];" for i in range(p.dim_in))
@@ -203,7 +292,9 @@ def generate_symmetric_contraction(spec: SymconSpec) -> GeneratedKernel:
         weight_row=p.num_params * p.channels, body="\n".join(body),
         parameters=", ".join(f"{a.ctype}{' __restrict__ ' if a.is_pointer else ' '}{a.name}" for a in args))
     # grad_wn rows of a zero U are never written: zeroing the whole buffer first is the simple contract
-    zero = ("grad_wn",) if spec.direction == "backward_w" and zero_weight_rows(spec) else ()
+    zero = ()
+    if zero_weight_rows(spec):
+        zero = {"backward_w": ("grad_wn",), "double_backward": ("dwn",)}.get(spec.direction, ())
     plan = LaunchPlan(family=FAMILY, kernel=spec.kernel_name, arguments=args,
                       grid=GridRule(items="nodes", threads_per_item=p.channels, block_threads=spec.block_threads),
                       zero_outputs=zero, tuning=(("block_threads", spec.block_threads),))

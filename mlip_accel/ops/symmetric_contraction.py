@@ -1,12 +1,14 @@
 """torch.library ops ``mlip_accel::symcon_*`` (MACE's symmetric contraction on the generated kernels), autograd
 to second order, and the one function modules call, :func:`symmetric_contraction`, which picks the backend.
 
-Forward and backward are kernels. The double backward is the reference's explicit composition
-(``reference.symmetric_contraction.double_backward``: plain torch operations, so it traces under
-torch.compile); the contraction is linear in the weights but a polynomial in x, so the tensor product's
-"replace one operand" identity does not apply to it.
+Forward, backward and double backward are kernels (the contraction is linear in the weights but a polynomial
+in x, so the tensor product's "replace one operand" identity does not apply: the double backward kernel is a
+forward-over-reverse pass over each polynomial). ``reference.symmetric_contraction.double_backward`` is the same
+computation in torch, which the kernel is tested against. Derivatives of third order are not provided.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -34,6 +36,18 @@ def symcon_backward(x: Tensor, elements: Tensor, weights: Tensor, grad_out: Tens
     gx, gw = _runtime().backward(get_problem(problem), x.contiguous(), elements.contiguous(),
                                  weights.contiguous(), grad_out.contiguous(), need_weights)
     return gx, (gw if gw is not None else torch.zeros_like(weights))
+
+
+@torch.library.custom_op(f"{NS}::symcon_double_backward", mutates_args=())
+def symcon_double_backward(x: Tensor, elements: Tensor, weights: Tensor, grad_out: Tensor, ggx: Optional[Tensor],
+                           ggw: Optional[Tensor], problem: str) -> tuple[Tensor, Tensor, Tensor]:
+    return _runtime().double_backward(get_problem(problem), x.contiguous(), elements.contiguous(),
+                                      weights.contiguous(), grad_out.contiguous(), ggx, ggw)
+
+
+@symcon_double_backward.register_fake
+def _(x, elements, weights, grad_out, ggx, ggw, problem):
+    return torch.empty_like(x), torch.empty_like(weights), torch.empty_like(grad_out)
 
 
 @symcon_forward.register_fake
@@ -66,7 +80,7 @@ def _backward_setup(ctx, inputs, output):
 
 def _backward_bwd(ctx, ggx, ggw):
     x, elements, weights, grad_out = ctx.saved_tensors
-    dx, dw, dgz = reference.double_backward(get_problem(ctx.problem), x, elements, weights, grad_out, ggx, ggw)
+    dx, dw, dgz = symcon_double_backward(x, elements, weights, grad_out, ggx, ggw, ctx.problem)
     return dx, None, dw, dgz, None, None
 
 
@@ -106,7 +120,8 @@ class _Backward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, ggx, ggw):
         x, elements, weights, grad_out = ctx.saved_tensors
-        dx, dw, dgz = reference.double_backward(get_problem(ctx.problem), x, elements, weights, grad_out, ggx, ggw)
+        dx, dw, dgz = _runtime().double_backward(get_problem(ctx.problem), x.contiguous(), elements,
+                                                 weights.contiguous(), grad_out, ggx, ggw)
         return dx, None, dw, dgz, None, None
 
 

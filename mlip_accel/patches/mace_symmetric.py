@@ -24,13 +24,18 @@ from . import NotAcceleratable
 _LAST: tuple = (None, -1, None)
 
 
+def _version(t: torch.Tensor) -> int:
+    # inference tensors keep no version counter; nothing modifies node_attrs between a pass's product blocks
+    return -1 if t.is_inference() else t._version
+
+
 def element_index(node_attrs: torch.Tensor) -> torch.Tensor:
     """The element index of each node from MACE's one-hot ``node_attrs`` (as MACE's own cuEquivariance path
     takes it). Anything but a one-hot is refused: the index would silently drop the other components.
     While compiling or capturing a CUDA graph nothing is checked (a check would synchronise)."""
     global _LAST
     ref, version, index = _LAST
-    if ref is not None and ref() is node_attrs and version == node_attrs._version:
+    if ref is not None and ref() is node_attrs and version == _version(node_attrs):
         return index
     index = node_attrs.argmax(dim=-1)
     if _eager():
@@ -38,7 +43,7 @@ def element_index(node_attrs: torch.Tensor) -> torch.Tensor:
         if not torch.equal(node_attrs, one_hot):
             raise ValueError("mlip_accel's symmetric contraction needs one-hot node_attrs (MACE's element "
                              "encoding); these are not one-hot")
-        _LAST = (weakref.ref(node_attrs), node_attrs._version, index)
+        _LAST = (weakref.ref(node_attrs), _version(node_attrs), index)
     return index
 
 

@@ -51,3 +51,19 @@ def backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: to
     grad_wn = _empty(x.shape[0], problem.num_params, problem.channels, like=x)
     launch(kernel_for(problem, x.dtype, "backward_w"), dict(values, grad_wn=grad_wn))
     return grad_x, torch.zeros_like(weights).index_add_(0, elements, grad_wn)
+
+
+def double_backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: torch.Tensor,
+                    weights: torch.Tensor, grad_out: torch.Tensor, ggx: torch.Tensor | None,
+                    ggw: torch.Tensor | None):
+    """(dx, dweights, dgrad_out): gradients of <ggx, grad_x> + <ggw, grad_w>, as
+    ``reference.symmetric_contraction.double_backward``; an absent ggx/ggw counts as zeros."""
+    elements = elements.long()
+    ggx = torch.zeros_like(x) if ggx is None else ggx.contiguous()
+    ggw = torch.zeros_like(weights) if ggw is None else ggw.contiguous()
+    dx, dgz = _empty(*x.shape, like=x), _empty(*grad_out.shape, like=x)
+    dwn = _empty(x.shape[0], problem.num_params, problem.channels, like=x)
+    launch(kernel_for(problem, x.dtype, "double_backward"),
+           dict(x=x, elements=elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw, dx=dx, dgz=dgz,
+                dwn=dwn, nodes=x.shape[0]))
+    return dx, torch.zeros_like(weights).index_add_(0, elements, dwn), dgz
