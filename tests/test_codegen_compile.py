@@ -60,3 +60,52 @@ def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
     size, error = compiled[(name, dtype, family, arch)]
     assert error is None, error
     assert size > 0
+
+
+# --- symmetric-contraction family (MACE's product basis): problems read from MACE modules (MACE environment) ---
+
+from symcon_cases import CASES as SYMCON_CASES, LARGE as SYMCON_LARGE  # noqa: E402
+
+SYMCON_NAMES = [*SYMCON_CASES, *SYMCON_LARGE]
+SYMCON_DIRECTIONS = ("forward", "backward", "backward_w", "double_backward")
+
+
+def _compile_symcon(job):
+    import os
+
+    os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # each case really compiles
+    from mlip_accel.runtime import compiler
+    source, arch, name = job
+    try:
+        return len(compiler.compile_source(source, compiler.Target(f"-arch={arch}", "cubin"), name=name)), None
+    except Exception as err:  # reported by the test of this case
+        return 0, str(err)[:4000]
+
+
+@pytest.fixture(scope="module")
+def symcon_compiled():
+    pytest.importorskip("mace", reason="symmetric-contraction problems are read from MACE modules")
+    from symcon_cases import problem
+    from mlip_accel.codegen.symmetric_contraction import SymconSpec, generate_symmetric_contraction
+
+    jobs = {}
+    for name in SYMCON_NAMES:
+        p = problem(name)
+        for dtype in DTYPES:
+            for direction in SYMCON_DIRECTIONS:
+                kernel = generate_symmetric_contraction(SymconSpec(p, dtype, direction))
+                for arch in ARCHS:
+                    jobs[(name, dtype, direction, arch)] = (kernel.source, arch, f"{kernel.plan.kernel}.cu")
+    workers = max(1, min(8, os.cpu_count() or 1))
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(zip(jobs, pool.map(_compile_symcon, jobs.values(), chunksize=1)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("direction", SYMCON_DIRECTIONS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", SYMCON_NAMES)
+def test_symmetric_contraction_compiles_with_nvrtc(symcon_compiled, name, dtype, direction, arch):
+    size, error = symcon_compiled[(name, dtype, direction, arch)]
+    assert error is None, error
+    assert size > 0

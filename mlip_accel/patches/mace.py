@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..problem.e3nn_compat import o3
 from . import NotAcceleratable, check_not_inference
+from . import mace_symmetric
 from ..graph import EdgeSortCache
 from .mace_conv import MACEFusedConv
 from .mace_probe import probe_batch, run_probe, tolerance
@@ -152,7 +153,8 @@ def _plain_outputs(model, blocks, batch):
         block.conv_tp = fused.e3nn_module
         del block.conv_fusion
     try:
-        return run_probe(model, batch)
+        with mace_symmetric.plain(model):
+            return run_probe(model, batch)
     finally:
         for block, fused in swapped:
             block.conv_tp = fused
@@ -168,20 +170,21 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -
             raise TypeError(f"{name} must be True or False, got {value!r}")
     for model in models:
         check_not_inference(model)
-    plans = [_plan(model) for model in models]
+    plans = [(_plan(model), mace_symmetric.plan(model)) for model in models]
     done = []
     try:
-        for model, blocks in zip(models, plans):
+        for model, (blocks, products) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _plain_outputs(model, blocks, batch) if check else None
             undo = _install(blocks, backend, deterministic)
-            done.append(undo)
+            done.append((_uninstall, undo))
+            done.append((mace_symmetric.uninstall, mace_symmetric.install(products, backend)))
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
                 compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps), where=type(model).__name__)
     except BaseException:
-        for undo in reversed(done):
-            _uninstall(undo)
+        for uninstall, undo in reversed(done):
+            uninstall(undo)
         raise
 
 
@@ -215,6 +218,7 @@ def restore(obj):
     """Undo :func:`accelerate` in place: the original e3nn convolution back in every block. Returns ``obj``."""
     models = list(obj.models) if isinstance(obj, _calculator_class()) else [obj]
     for model in models:
+        mace_symmetric.restore(model)
         for block in model.modules():
             conv = getattr(block, "conv_tp", None)
             if isinstance(conv, MACEFusedConv):

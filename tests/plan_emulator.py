@@ -1,0 +1,60 @@
+"""Run generated kernels from their launch plans on the CPU (tests only): the plan's argument list makes the
+g++ entry point, so this emulator, like the CuPy launcher, restates no kernel signature. Uses the same
+cuda_emulator.h shim as cuda_emulator.py; install with ``runtime.launch_plan.use_plan_executor``."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from cuda_emulator import CXX, SHIM, available  # noqa: F401  (available: re-exported for skip markers)
+from mlip_accel.codegen.launch_plan import GeneratedKernel, LaunchPlan
+
+
+def _entry(plan: LaunchPlan) -> str:
+    casts = ", ".join(f"({a.ctype})a[{i}]" for i, a in enumerate(plan.arguments))
+    return (f"static void body_{plan.kernel}(const unsigned long long* a) {{ {plan.kernel}({casts}); }}\n"
+            f'extern "C" void emu_{plan.kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
+            f"unsigned bz, const unsigned long long* a) {{\n"
+            f"  emu::run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{plan.kernel}, a);\n}}\n")
+
+
+class PlanEmulator:
+    def __init__(self, build_dir: Path | None = None):
+        self.build_dir = Path(build_dir or tempfile.mkdtemp(prefix="mlip_accel_plan_emu_"))
+        self._libs: dict[str, ctypes.CDLL] = {}
+        self.launches: list[tuple[str, tuple, tuple]] = []
+
+    def accepts(self, device: torch.device) -> bool:
+        return device.type == "cpu"
+
+    def _library(self, kernel: GeneratedKernel) -> ctypes.CDLL:
+        source = kernel.source + "\n" + _entry(kernel.plan)
+        digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
+        lib = self._libs.get(digest)
+        if lib is not None:
+            return lib
+        lib_path = self.build_dir / f"{digest}.so"
+        if not lib_path.exists():
+            src_path = self.build_dir / f"{digest}.cpp"
+            src_path.write_text(source)
+            cmd = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w",
+                   "-include", str(SHIM), str(src_path), "-o", str(lib_path), "-lpthread"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(f"g++ failed on the generated source:\n{proc.stderr[:4000]}")
+        lib = self._libs[digest] = ctypes.CDLL(str(lib_path))
+        return lib
+
+    def launch_plan(self, kernel: GeneratedKernel, grid, block, args, device) -> None:
+        lib = self._library(kernel)
+        values = [a.data_ptr() if isinstance(a, torch.Tensor) else int(a) & 0xFFFFFFFFFFFFFFFF for a in args]
+        array = (ctypes.c_ulonglong * len(values))(*values)
+        fn = getattr(lib, f"emu_{kernel.plan.kernel}")
+        fn.restype = None
+        self.launches.append((kernel.plan.kernel, tuple(grid), tuple(block)))
+        fn(*(ctypes.c_uint(v) for v in (*grid, *block)), array)
