@@ -19,9 +19,11 @@ from ..problem.symmetric_contraction import from_mace, weight_tensors
 from . import NotAcceleratable
 
 
-# The last node_attrs checked and its index: every product block of one forward pass gets the same tensor,
-# so the check (a host synchronisation) runs once per pass, not once per block.
-_LAST: tuple = (None, -1, None)
+# The last node_attrs checked: every product block of one forward pass gets the same tensor, so the one-hot
+# check (a host synchronisation) runs once per pass, not once per block. Only the check is remembered: the
+# index is recomputed on every call (a device argmax, no sync), so a buffer refilled in place (inference
+# tensors keep no version counter) can never hand a later call a stale index.
+_LAST: tuple = (None, -1)
 
 
 def _version(t: torch.Tensor) -> int:
@@ -29,21 +31,24 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+def _check_one_hot(node_attrs: torch.Tensor, index: torch.Tensor) -> None:
+    one_hot = torch.nn.functional.one_hot(index, node_attrs.shape[-1]).to(node_attrs.dtype)
+    if not torch.equal(node_attrs, one_hot):
+        raise ValueError("mlip_accel's symmetric contraction needs one-hot node_attrs (MACE's element "
+                         "encoding); these are not one-hot")
+
+
 def element_index(node_attrs: torch.Tensor) -> torch.Tensor:
     """The element index of each node from MACE's one-hot ``node_attrs`` (as MACE's own cuEquivariance path
     takes it). Anything but a one-hot is refused: the index would silently drop the other components.
     While compiling or capturing a CUDA graph nothing is checked (a check would synchronise)."""
     global _LAST
-    ref, version, index = _LAST
-    if ref is not None and ref() is node_attrs and version == _version(node_attrs):
-        return index
     index = node_attrs.argmax(dim=-1)
     if _eager():
-        one_hot = torch.nn.functional.one_hot(index, node_attrs.shape[-1]).to(node_attrs.dtype)
-        if not torch.equal(node_attrs, one_hot):
-            raise ValueError("mlip_accel's symmetric contraction needs one-hot node_attrs (MACE's element "
-                             "encoding); these are not one-hot")
-        _LAST = (weakref.ref(node_attrs), _version(node_attrs), index)
+        ref, version = _LAST
+        if ref is None or ref() is not node_attrs or version != _version(node_attrs):
+            _check_one_hot(node_attrs, index)
+            _LAST = (weakref.ref(node_attrs), _version(node_attrs))
     return index
 
 
