@@ -9,6 +9,9 @@ shares that between its layers.
 """
 from __future__ import annotations
 
+from .errors import require
+
+require("ase", "mlip_accel's AcceleratedCalculator")  # one line naming the extra, not a bare ModuleNotFoundError
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
@@ -27,6 +30,7 @@ class AcceleratedCalculator(Calculator):
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
     def __init__(self, potential: Potential, **kwargs):
+        require("vesin", "mlip_accel's AcceleratedCalculator (neighbour lists)")
         super().__init__(**kwargs)
         self.potential = potential
         self.neighbor_list = NeighborList(potential.r_max, potential.device)
@@ -80,9 +84,11 @@ class AcceleratedCalculator(Calculator):
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
 
-    def describe(self) -> str:
-        accel = f"mlip_accel ({self.backend} backend)" if self.potential.accelerated else "e3nn (not accelerated)"
-        return f"{self.potential.describe()}, on {self.potential.device}, {accel}"
+    def describe(self):
+        """What runs: ``print(calc.describe())`` (the same report as :func:`mlip_accel.describe`)."""
+        from .describe import describe
+
+        return describe(self)
 
 
 __all__ = ["AcceleratedCalculator"]

@@ -62,6 +62,13 @@ def accelerated_training(device: str):
 
 
 def main(argv=None) -> None:
+    from .errors import MissingDependencyError, require
+
+    try:
+        require("mace", "mlip-accel-mace-train")
+    except MissingDependencyError as err:  # one line, exit status 2, like every input error of mlip-accel
+        print(f"mlip-accel-mace-train: error: {err}", file=sys.stderr)
+        sys.exit(2)
     from mace import tools
     from mace.cli import run_train
 

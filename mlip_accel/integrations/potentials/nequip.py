@@ -19,7 +19,7 @@ import json
 import numpy as np
 import torch
 
-from ..errors import InputError, ModelFileError
+from ..errors import InputError, ModelFileError, require
 from ..neighbors import Neighbors
 from .base import Evaluation, Potential, dtype_name, to_numpy
 
@@ -35,11 +35,9 @@ _FILE_KEYS = ("format", "builder", "config", "state_dict", "info")
 
 
 def _init_nequip():
-    try:
-        import nequip  # noqa: F401
-        from nequip.utils.global_state import set_global_state
-    except ImportError as err:
-        raise ModelFileError(f"NequIP models need nequip (pip install 'mlip_accel[nequip]'): {err}") from err
+    require("nequip", "NequIP models")
+    from nequip.utils.global_state import set_global_state
+
     # nequip builds and loads models only after this (it sets its float64 default dtype, as its own
     # calculator does)
     set_global_state()
