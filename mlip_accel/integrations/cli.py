@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="structure file ASE can read (last frame is used); default: built-in 256-atom Cu crystal")
     md.add_argument("--model", metavar="PATH",
                     help="NequIP .ckpt / .nequip.zip / builder .pt, or MACE .model; default: built-in Cu model")
-    md.add_argument("--steps", type=positive_int, default=200, help="MD steps (default 200)")
+    md.add_argument("--steps", type=positive_int, default=200, metavar="N", help="MD steps (default 200)")
     md.add_argument("--temperature", type=temperature, default=300.0, metavar="K",
                     help="temperature in K: initial velocities and the Langevin thermostat (default 300)")
     md.add_argument("--timestep", type=timestep, default=2.0, metavar="FS",
@@ -134,11 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
                          f"--overwrite. Default {DEFAULT_OUTPUT}, or {DEFAULT_OUTPUT[:-5]}-1.traj, -2, ... when "
                          "that exists")
     md.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    md.add_argument("--interval", type=positive_int, default=10, help="write every N-th step (default 10)")
+    md.add_argument("--interval", type=positive_int, default=10, metavar="N", help="write every N-th step (default 10)")
     md.add_argument("--threads", type=threads, default="auto", metavar="N",
                     help=f"CPU threads for torch (default auto: OMP_NUM_THREADS when set, else {DEFAULT_THREADS}; "
                          "more can help large systems on idle cores)")
-    md.add_argument("--seed", type=non_negative_int, default=0,
+    md.add_argument("--seed", type=non_negative_int, default=0, metavar="N",
                     help="seed (>= 0) of the initial velocities and thermostat noise (default 0)")
     md.add_argument("--min-distance", type=non_negative_float, default=None, metavar="A",
                     help="refuse structures with atoms closer than this, in A (default 0.5; 0: no check)")
@@ -217,17 +217,27 @@ def main(argv=None) -> int:
             return run_md_command(args, session)
     except input_errors as err:
         written = f"; {session.written()}" if session.trajectory_path is not None else ""
+        if session.md_started:
+            _end_progress_line()
         print(f"mlip-accel md: error: {err}{written}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except MDInterrupted as stop:
+        _end_progress_line()
         print(f"mlip-accel md: stopped by {stop.reason} after step {stop.step} of {stop.steps}; "
               f"{session.written()}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + _signal_number(stop.reason)
     except KeyboardInterrupt as stop:
         name = getattr(stop, "name", "SIGINT")
         when = "during the run" if session.md_started else "before the run"
-        print(f"\nmlip-accel md: stopped by {name} {when}; {session.written()}", file=sys.stderr)
+        _end_progress_line()
+        print(f"mlip-accel md: stopped by {name} {when}; {session.written()}", file=sys.stderr)
         return EXIT_SIGNAL_BASE + _signal_number(name)
+
+
+def _end_progress_line() -> None:
+    """On a terminal the progress bar (and ^C) leave the cursor mid-line: start the message on a new one."""
+    if hasattr(sys.stderr, "isatty") and sys.stderr.isatty():
+        sys.stderr.write("\n")
 
 
 def _signal_number(name: str) -> int:
