@@ -125,3 +125,17 @@ def test_mace_model():
     report = mlip_accel.describe(model)
     assert [layer.implementation for layer in report.layers] == ["mlip_accel reference"] * 2
     assert report.layers[0].name == "interactions.0.conv_tp" and report.dtype == "float64"
+
+
+def test_cli_backend_line_gives_the_fallback_reason(monkeypatch):
+    from types import SimpleNamespace
+
+    pytest.importorskip("ase")
+    from mlip_accel.integrations import cli
+
+    monkeypatch.setattr(mlip_accel, "cuda_unavailable_reason", lambda: NO_CUPY)
+    calc = SimpleNamespace(potential=SimpleNamespace(accelerated=True, device=torch.device("cuda")), backend="reference")
+    assert cli._backend_text(calc) == ("mlip_accel, reference: PyTorch reference implementation (no CUDA kernels); "
+                                       f"the CUDA kernels cannot run: {NO_CUPY}")
+    calc.potential.device = torch.device("cpu")
+    assert cli._backend_text(calc).endswith("(no CUDA kernels)")

@@ -162,9 +162,9 @@ class _Session:
             return "no trajectory written"
         if self.frames == 0:
             return f"{self.trajectory_path} holds no frame"
-        last = (self.frames - 1) * self.interval
-        return (f"{self.trajectory_path} holds {self.frames} frame{'s' if self.frames > 1 else ''} "
-                f"(steps 0-{last})")
+        if self.frames == 1:
+            return f"{self.trajectory_path} holds 1 frame (step 0)"
+        return f"{self.trajectory_path} holds {self.frames} frames (steps 0-{(self.frames - 1) * self.interval})"
 
     def should_stop(self):
         return self.stop_reason
@@ -439,6 +439,8 @@ def run_md_command(args, session: _Session | None = None) -> int:
     from .md import MIN_DISTANCE, check_structure
 
     warnings.filterwarnings("ignore", module="nequip")  # its warnings are about training setups, not MD
+    # the "backend :" line gives the reason of a fallback to the reference; the warning would repeat it
+    warnings.filterwarnings("ignore", message="mlip_accel: backend='auto' runs the PyTorch reference")
     atoms, structure_text = _read_structure(args.structure)
     check_structure(atoms, MIN_DISTANCE if args.min_distance is None else args.min_distance,
                     what=args.structure or "the built-in structure")
@@ -496,7 +498,13 @@ def _backend_text(calc) -> str:
     if not calc.potential.accelerated:
         return "e3nn (the model as its framework built it, not accelerated)"
     kind = "fused CUDA kernels" if calc.backend == "cuda" else "PyTorch reference implementation (no CUDA kernels)"
-    return f"mlip_accel, {calc.backend}: {kind}"
+    text = f"mlip_accel, {calc.backend}: {kind}"
+    if calc.backend == "reference" and calc.potential.device.type == "cuda":
+        from mlip_accel import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        text += f"; the CUDA kernels cannot run: {reason}" if reason else "; --backend reference was asked for"
+    return text
 
 
 def _summary(result, calc, args, out, session: _Session) -> None:
