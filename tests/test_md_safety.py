@@ -167,12 +167,15 @@ def test_run_md_stops_at_nan_energy():
         run_md(atoms, 5, progress_label=None)
 
 
-def test_run_md_should_stop():
+def test_run_md_should_stop(tmp_path):
+    from ase.io.trajectory import Trajectory
+
     from mlip_accel.integrations.md import MDInterrupted, initial_velocities, run_md
 
     atoms = _cu()
     atoms.calc = _Flaky(bad_from=10**9)
     initial_velocities(atoms, 300, seed=0)
+    traj = Trajectory(str(tmp_path / "t.traj"), "w", atoms)
     asked = []
 
     def should_stop():  # asked after steps 0, 1, 2, 3: stop at the 4th
@@ -180,8 +183,10 @@ def test_run_md_should_stop():
         return "SIGTERM" if len(asked) == 4 else None
 
     with pytest.raises(MDInterrupted, match="SIGTERM after step 3 of 10") as stop:
-        run_md(atoms, 10, progress_label=None, should_stop=should_stop)
+        run_md(atoms, 10, progress_label=None, should_stop=should_stop, trajectory=traj, trajectory_interval=3)
+    traj.close()
     assert (stop.value.step, stop.value.steps) == (3, 10)
+    assert len(read(tmp_path / "t.traj", ":")) == 2  # steps 0 and 3: the step it stopped after is written
 
 
 @pytest.mark.parametrize("n", [1, 2])

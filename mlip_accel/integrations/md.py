@@ -202,14 +202,17 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
             rate = (done - warmup) / (time.perf_counter() - clock["t0"]) if timed else float("nan")
             progress.update(done, rate)
 
+    def stop_if_asked():
         reason = should_stop() if should_stop is not None else None
         if reason:
-            raise MDInterrupted(reason, done, steps)
+            raise MDInterrupted(reason, dyn.nsteps, steps)
 
-    # observers run in the order attached: the check first, so that a bad frame is never written
+    # observers run in the order attached: the check first, so that a bad frame is never written, and the
+    # stop last, so that the frame of the step it stops after is
     dyn.attach(after_step, interval=1)
     if trajectory is not None:
         dyn.attach(trajectory.write, interval=trajectory_interval)
+    dyn.attach(stop_if_asked, interval=1)
     # a non-finite force enters the momenta inside the step, before the check above sees it: numpy's
     # warnings about it would only precede the clear error
     with np.errstate(invalid="ignore", over="ignore"):
