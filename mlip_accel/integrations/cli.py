@@ -35,31 +35,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
-def _number(kind, text):
-    """``text`` as ``kind`` (int or float), or the one-line message argparse prints after the option name."""
-    try:
-        return kind(text)
-    except ValueError:
-        expected = "an integer" if kind is int else "a number"
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+def _integer(text, minimum: int, expected: str):
+    """``text`` as an integer >= ``minimum``, or the one-line message argparse prints after the option name."""
+    digits = text.strip().lstrip("+")
+    if not digits.isdigit() or int(digits) < minimum:  # also refuses "-1", "2.5", "1e3"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return int(digits)
 
 
 def positive_int(text):
-    value = _number(int, text) if text.strip().lstrip("+").isdigit() else None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _integer(text, 1, "a positive integer")
 
 
 def non_negative_int(text):
-    value = _number(int, text) if text.strip().lstrip("+").isdigit() else None
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    return _integer(text, 0, "a non-negative integer")
 
 
 def _finite(text):
-    value = _number(float, text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
