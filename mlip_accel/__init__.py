@@ -10,6 +10,13 @@ from .patches import NotAcceleratable, ParityCheckFailed
 from .ops.backends import BackendUnavailable, cuda_unavailable_reason
 
 
+def describe(obj):
+    """Which implementation runs each convolution of a model, accelerated model or calculator (see
+    :mod:`mlip_accel.integrations.describe`): ``print(mlip_accel.describe(model))``."""
+    from .integrations.describe import describe as _describe
+    return _describe(obj)
+
+
 def accelerate(obj, **kwargs):
     """Swap the fused convolution into a NequIP or MACE model (or a calculator holding one), in place."""
     from .patches import accelerate as _accelerate
@@ -17,5 +24,5 @@ def accelerate(obj, **kwargs):
 
 
 __all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "BackendUnavailable",
-           "cuda_unavailable_reason", "accelerate", "NotAcceleratable",
+           "cuda_unavailable_reason", "accelerate", "describe", "NotAcceleratable",
            "ParityCheckFailed"]

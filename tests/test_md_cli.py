@@ -135,9 +135,9 @@ def files(tmp_path):
     (["{d}/copper.xyz", "--model", "{d}/weights.txt"], "unsupported model file .*weights.txt"),
     (["{d}/copper.xyz", "--model", "{d}/compiled.nequip.pt2"], "compiled NequIP model"),
     (["{d}/copper.xyz", "--model", "{d}"], "is a directory"),
-    (["--steps", "0"], "--steps: must be a positive integer"),
-    (["--timestep", "-1"], "--timestep: must be positive"),
-    (["--temperature", "-5"], "--temperature: must be >= 0"),
+    (["--steps", "0"], "--steps: expected a positive integer, got '0'"),
+    (["--timestep", "-1"], "--timestep: expected a positive number, got '-1'"),
+    (["--temperature", "-5"], "--temperature: expected a temperature from 0 to 100000 K, got '-5'"),
     (["--ensemble", "npt"], "--ensemble: invalid choice"),
     (["--dtype", "float16"], "--dtype: invalid choice"),
     (["--no-such-option"], "unrecognized arguments"),
@@ -178,13 +178,14 @@ def test_cuda_backend_on_cpu(capsys, files):
 @pytest.mark.skipif(HAS_MACE, reason="mace-torch is installed here")
 def test_mace_model_without_mace(capsys, files):
     code, _, err = run_inprocess(capsys, str(files / "copper.xyz"), "--model", str(files / "tiny.model"))
-    assert_one_line_error(code, err, "MACE models need mace-torch")
+    assert_one_line_error(code, err, r"mace-torch is not installed \(needed by MACE models\): pip install "
+                                     r"'mace-torch==0.3.16' \(or install mlip_accel with its \[mace\] extra\)")
 
 
 @pytest.mark.skipif(HAS_NEQUIP, reason="nequip is installed here")
 def test_default_model_without_nequip(capsys):
     code, _, err = run_inprocess(capsys, "--steps", "1")
-    assert_one_line_error(code, err, "NequIP models need nequip")
+    assert_one_line_error(code, err, r"nequip is not installed \(needed by NequIP models\): .*\[nequip\] extra")
 
 
 def test_bad_input_in_a_real_process_has_no_traceback(tmp_path):

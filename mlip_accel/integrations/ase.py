@@ -10,6 +10,9 @@ padded to an edge capacity (``cuda_graphs``, ``pad_edges``: see :mod:`.cuda_grap
 """
 from __future__ import annotations
 
+from .errors import require
+
+require("ase", "mlip_accel's AcceleratedCalculator")  # one line naming the extra, not a bare ModuleNotFoundError
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
@@ -37,6 +40,7 @@ class AcceleratedCalculator(Calculator):
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
     def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None, **kwargs):
+        require("vesin", "mlip_accel's AcceleratedCalculator (neighbour lists)")
         super().__init__(**kwargs)
         self.potential = potential
         self.neighbor_list = NeighborList(potential.r_max, potential.device)
@@ -103,9 +107,11 @@ class AcceleratedCalculator(Calculator):
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
 
-    def describe(self) -> str:
-        accel = f"mlip_accel ({self.backend} backend)" if self.potential.accelerated else "e3nn (not accelerated)"
-        return f"{self.potential.describe()}, on {self.potential.device}, {accel}"
+    def describe(self):
+        """What runs: ``print(calc.describe())`` (the same report as :func:`mlip_accel.describe`)."""
+        from .describe import describe
+
+        return describe(self)
 
 
 __all__ = ["AcceleratedCalculator"]

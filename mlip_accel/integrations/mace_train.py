@@ -62,11 +62,12 @@ def accelerated_training(device: str):
 
 
 def main(argv=None) -> None:
+    from .errors import MissingDependencyError, require
+
     try:
-        import mace  # noqa: F401
-    except ImportError as err:  # one line, not a traceback (mlip_accel is not on PyPI: name the real package)
-        print(f"mlip-accel-mace-train: error: needs mace-torch ({err}): pip install 'mace-torch==0.3.16' "
-              "(or install mlip_accel with its [mace] extra)", file=sys.stderr)
+        require("mace", "mlip-accel-mace-train")
+    except MissingDependencyError as err:  # one line, exit status 2, like every input error of mlip-accel
+        print(f"mlip-accel-mace-train: error: {err}", file=sys.stderr)
         sys.exit(2)
     from mace import tools
     from mace.cli import run_train

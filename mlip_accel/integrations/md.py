@@ -66,26 +66,101 @@ class Progress:
         self.stream.flush()
 
 
+class MDInterrupted(Exception):
+    """The run was stopped (a signal, see ``should_stop`` of :func:`run_md`) after ``step`` of ``steps`` steps."""
+
+    def __init__(self, reason: str, step: int, steps: int):
+        super().__init__(f"{reason} after step {step} of {steps}")
+        self.reason, self.step, self.steps = reason, step, steps
+
+
+MIN_DISTANCE = 0.5  # A: closer pairs are reported before a run (no bonded pair is this short; H2 is 0.74 A)
+
+
+def check_structure(atoms, min_distance: float = MIN_DISTANCE, what: str = "the structure") -> None:
+    """Refuse non-finite positions or cell, and pairs of atoms closer than ``min_distance`` (0: no check).
+
+    Atoms that sit on top of each other give finite energies but NaN forces in most models; that is
+    reported here, before a run, rather than as NaN positions a few steps in.
+    """
+    from .errors import InputError
+
+    positions = np.asarray(atoms.positions)
+    bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
+    if bad.size:
+        raise InputError(f"{what} has non-finite positions (atoms {_atom_list(bad)})")
+    if not np.isfinite(atoms.cell.array).all():
+        raise InputError(f"{what} has a non-finite cell")
+    if min_distance <= 0 or len(atoms) < 2 and not atoms.pbc.any():
+        return
+    from ase.neighborlist import neighbor_list
+
+    from .neighbors import check_cell
+
+    check_cell(atoms.cell.array, atoms.pbc)
+    i, j, d = neighbor_list("ijd", atoms, min_distance)
+    if len(d):
+        k = int(np.argmin(d))
+        pairs = len(d) // 2 if len(atoms) > 1 else len(d)
+        image = " (periodic images)" if i[k] == j[k] else ""
+        raise InputError(f"{what}: atoms {i[k]} and {j[k]}{image} are {d[k]:.3g} A apart, closer than "
+                         f"{min_distance:g} A ({pairs} such pair{'s' if pairs > 1 else ''}); models give "
+                         "meaningless forces there (--min-distance 0 skips this check)")
+
+
+def _atom_list(indices, limit: int = 8) -> str:
+    shown = ", ".join(str(int(i)) for i in indices[:limit])
+    return shown + (f", ... ({len(indices)} atoms)" if len(indices) > limit else "")
+
+
 def initial_velocities(atoms, temperature_K: float, seed: int) -> None:
-    """Maxwell-Boltzmann velocities at ``temperature_K``, no net momentum (nor rotation, for molecules)."""
+    """Maxwell-Boltzmann velocities at ``temperature_K``, no net momentum (nor rotation, for molecules).
+
+    A single atom has no degree of freedom left once its momentum is removed: it starts at rest.
+    """
     from ase.md import velocitydistribution as vd
 
+    if len(atoms) == 1:  # Stationary would rescale a zero momentum to the temperature: 0/0
+        atoms.set_momenta(np.zeros((1, 3)))
+        return
     # ASE 3.29 renamed MaxwellBoltzmannDistribution (kept, deprecated); we support ASE >= 3.23
     thermalize = getattr(vd, "thermalize_momenta", None) or vd.MaxwellBoltzmannDistribution
     thermalize(atoms, temperature_K=temperature_K, rng=np.random.default_rng(seed))
     vd.Stationary(atoms)
     if not atoms.pbc.any():
-        vd.ZeroRotation(atoms)
+        # a linear molecule has a zero moment of inertia, which ASE skips after dividing by it
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vd.ZeroRotation(atoms, preserve_temperature=atoms.get_kinetic_energy() > 0)
+
+
+def check_finite(atoms, step: int) -> None:
+    """Raise UnstableDynamicsError when the energy or forces of ``atoms`` (from its calculator) are not finite."""
+    from .errors import UnstableDynamicsError
+
+    forces = atoms.get_forces(apply_constraint=False)  # FixCom would spread one atom's NaN over all
+    energy = atoms.get_potential_energy()
+    bad = np.flatnonzero(~np.isfinite(forces).all(axis=1))
+    if bad.size:
+        raise UnstableDynamicsError(f"step {step}: the model gave non-finite forces on atoms {_atom_list(bad)} "
+                                    f"(energy {energy:.6g} eV); the run stops here")
+    if not np.isfinite(energy):
+        raise UnstableDynamicsError(f"step {step}: the model gave a non-finite energy ({energy}); the run stops here")
 
 
 def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 300.0, ensemble: str = "nvt",
            friction_per_fs: float = 0.01, seed: int = 0, trajectory=None, trajectory_interval: int = 10,
-           progress_label: str | None = "", snapshots: int = 5, warmup: int | None = None) -> MDResult:
+           progress_label: str | None = "", snapshots: int = 5, warmup: int | None = None,
+           should_stop=None) -> MDResult:
     """Run ``steps`` MD steps on ``atoms`` (its calculator attached, velocities set) and time them.
 
     ``trajectory``: an ASE Trajectory (or None) written every ``trajectory_interval`` steps. The first
     ``warmup`` steps (default: 10 % up to 5) are not timed: they hold one-off costs (kernel compilation).
     ``progress_label=None`` turns the progress bar off.
+
+    After every step (and before it is written) the energy and forces are checked: non-finite values raise
+    :class:`~mlip_accel.integrations.errors.UnstableDynamicsError` naming the step and the atoms, so the
+    trajectory keeps only sound frames. ``should_stop``: a callable returning None, or a reason to stop
+    (e.g. "SIGTERM"), asked after every step; a reason raises :class:`MDInterrupted`.
     """
     from ase import units
     from ase.constraints import FixCom
@@ -109,10 +184,15 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
     progress = Progress(steps, progress_label) if progress_label is not None else None
     clock = {"t0": None}
 
+    degrees_of_freedom = 3 * len(atoms) - sum(c.get_removed_dof(atoms) for c in atoms.constraints)
+
     def after_step():  # ASE calls observers once before the first step (nsteps 0), then after each step
         done = dyn.nsteps
-        energies.append(atoms.get_potential_energy() + atoms.get_kinetic_energy())
-        temperatures.append(atoms.get_temperature())
+        check_finite(atoms, done)
+        kinetic = atoms.get_kinetic_energy()
+        energies.append(atoms.get_potential_energy() + kinetic)
+        # a single atom held by FixCom has no degree of freedom: no temperature to speak of
+        temperatures.append(2 * kinetic / (degrees_of_freedom * units.kB) if degrees_of_freedom > 0 else 0.0)
         if done == warmup:
             clock["t0"] = time.perf_counter()
         if done and done % snapshot_every == 0 and len(kept) <= snapshots:
@@ -122,10 +202,21 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
             rate = (done - warmup) / (time.perf_counter() - clock["t0"]) if timed else float("nan")
             progress.update(done, rate)
 
+    def stop_if_asked():
+        reason = should_stop() if should_stop is not None else None
+        if reason:
+            raise MDInterrupted(reason, dyn.nsteps, steps)
+
+    # observers run in the order attached: the check first, so that a bad frame is never written, and the
+    # stop last, so that the frame of the step it stops after is
+    dyn.attach(after_step, interval=1)
     if trajectory is not None:
         dyn.attach(trajectory.write, interval=trajectory_interval)
-    dyn.attach(after_step, interval=1)
-    dyn.run(steps)
+    dyn.attach(stop_if_asked, interval=1)
+    # a non-finite force enters the momenta inside the step, before the check above sees it: numpy's
+    # warnings about it would only precede the clear error
+    with np.errstate(invalid="ignore", over="ignore"):
+        dyn.run(steps)
     seconds = time.perf_counter() - clock["t0"]
     return MDResult(steps=steps, seconds=seconds, timed_steps=steps - warmup, timestep_fs=timestep_fs,
                     total_energy=np.array(energies), temperature=np.array(temperatures), num_atoms=len(atoms),

@@ -9,10 +9,12 @@ gradients (x, y, w) to compute; the ones not needed are returned as None.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
 BACKENDS = ("auto", "reference", "cuda")
+_warned_fallback = False  # backend="auto" falling back to the reference on CUDA tensors: said once per process
 
 
 class BackendUnavailable(RuntimeError):
@@ -21,7 +23,12 @@ class BackendUnavailable(RuntimeError):
 
 @functools.lru_cache(maxsize=None)
 def cuda_unavailable_reason() -> str | None:
-    """None when the CUDA kernels can run in this process, else the reason they cannot."""
+    """None when the CUDA kernels can run in this process, else the reason they cannot (one sentence).
+
+    Public as ``mlip_accel.cuda_unavailable_reason()``. Checked once per process (cached): no CUDA device
+    seen by torch, CuPy not importable (or built for another CUDA), or mlip_accel's CUDA runtime failing
+    to load. Importing CuPy happens here, only when torch sees a CUDA device.
+    """
     if not torch.cuda.is_available():
         return "torch reports no CUDA device (torch.cuda.is_available() is False)"
     try:
@@ -55,7 +62,19 @@ def resolve(requested: str, device: torch.device) -> str:
         return "cuda"
     if requested == "cuda":
         raise BackendUnavailable(f"backend='cuda' is unavailable: {reason}")
+    _warn_fallback(device, reason)
     return "reference"
+
+
+def _warn_fallback(device: torch.device, reason: str) -> None:
+    """CUDA tensors with backend="auto" but no working kernels: the reference runs, correct but slow. Say so once."""
+    global _warned_fallback
+    if _warned_fallback:
+        return
+    _warned_fallback = True
+    warnings.warn(f"mlip_accel: backend='auto' runs the PyTorch reference implementation on {device}, not the "
+                  f"fused CUDA kernels: {reason}. Results are the same, only slower; backend='cuda' makes this "
+                  "an error, mlip_accel.describe(model) shows what runs", RuntimeWarning, stacklevel=3)
 
 
 def get(name: str):

@@ -38,11 +38,13 @@ def load_potential(path, device="auto", dtype=None, head: str | None = None) -> 
     if name.endswith((".ckpt", ".nequip.zip")):
         from . import nequip
 
+        _no_head_for_nequip(head, path)
         return nequip.NequIPPotential(nequip.load_saved_model(path, dtype), device, source=path)
     if name.endswith((".pt", ".pth")):
         from . import mace, nequip
 
         if nequip.read_builder_file(path) is not None:
+            _no_head_for_nequip(head, path)
             model, _ = nequip.build_from_builder_file(path, dtype)
             return nequip.NequIPPotential(model, device, source=path)
         if not mace.available():
@@ -53,6 +55,13 @@ def load_potential(path, device="auto", dtype=None, head: str | None = None) -> 
 
         return mace.MACEPotential(mace.load_model(path), device, source=path, dtype=dtype, head=head)
     raise ModelFileError(f"unsupported model file {path}: mlip_accel loads {SUPPORTED}")
+
+
+def _no_head_for_nequip(head, source) -> None:
+    """A head names one output of a multi-head MACE model; given for a NequIP model it would be ignored."""
+    if head is not None:
+        raise ModelFileError(f"head {head!r} was given, but {source} is a NequIP model, which has no heads "
+                             "(head selects an output of a multi-head MACE model); leave it out")
 
 
 def potential_from_model(model: torch.nn.Module, device="auto", dtype=None, head: str | None = None,
@@ -68,6 +77,7 @@ def potential_from_model(model: torch.nn.Module, device="auto", dtype=None, head
     from . import nequip
 
     if nequip.claims(model):
+        _no_head_for_nequip(head, source)
         if dtype is not None and dtype != nequip._model_dtype(model):
             raise ModelFileError("a built NequIP model keeps the dtype it was built with; build it with "
                                  f"model_dtype={str(dtype).removeprefix('torch.')!r} instead")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InputError, ModelFileError
+from ..errors import InputError, ModelFileError, require
 from ..neighbors import Neighbors
 from .base import Potential
 
@@ -20,11 +20,7 @@ def available() -> bool:
 
 
 def _import_mace():
-    try:
-        import mace  # noqa: F401
-        from ase.data import chemical_symbols  # noqa: F401
-    except ImportError as err:
-        raise ModelFileError(f"MACE models need mace-torch (pip install 'mlip_accel[mace]'): {err}") from err
+    require("mace", "MACE models")
 
 
 def claims(model) -> bool:

@@ -1,0 +1,191 @@
+"""``mlip_accel.describe(obj)``: which implementation runs each convolution of a model, on which device and
+dtype, and why a fallback happened.
+
+Works on a plain or accelerated NequIP/MACE model, a standalone TensorProduct(Conv), and the calculators
+holding them (AcceleratedCalculator, NequIPCalculator, MACECalculator). It only reads the model: nothing
+is imported from NequIP or MACE (their classes are matched by name), and CuPy only when the model is on a
+CUDA device (to say whether the kernels can run there).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..ops import backends
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """One convolution (or tensor product) of the model."""
+
+    name: str  # module path in the model ("" for the object itself)
+    kind: str  # what it is in its framework, e.g. "NequIP TensorProductScatter"
+    implementation: str  # "mlip_accel cuda", "mlip_accel reference", "e3nn (not accelerated)", ...
+    requested: str | None  # the backend asked for (mlip_accel layers): "auto", "cuda" or "reference"
+    deterministic: bool | None
+    reason: str | None  # why this implementation and not the fused CUDA kernels
+
+    @property
+    def backend(self) -> str:
+        """"cuda", "reference", "unavailable" (the asked-for backend cannot run here) or "e3nn"/other."""
+        return self.implementation.split(" ", 1)[1] if self.implementation.startswith("mlip_accel ") else "e3nn"
+
+
+@dataclasses.dataclass(frozen=True)
+class Description:
+    """What :func:`describe` found; ``str()`` (and the REPL) shows it as a short report."""
+
+    target: str
+    device: str
+    dtype: str
+    layers: tuple
+    cuda: str  # "available", or the reason the CUDA kernels cannot run in this process
+
+    @property
+    def accelerated(self) -> bool:
+        return any(layer.implementation.startswith("mlip_accel") for layer in self.layers)
+
+    @property
+    def backends(self) -> tuple:
+        """The distinct backends of the layers, e.g. ("cuda",) or ("reference",) or ("e3nn",)."""
+        return tuple(dict.fromkeys(layer.backend for layer in self.layers))
+
+    def __str__(self) -> str:
+        swapped = sum(layer.implementation.startswith("mlip_accel") for layer in self.layers)
+        lines = [self.target,
+                 f"  device  : {self.device}",
+                 f"  dtype   : {self.dtype}",
+                 f"  layers  : {len(self.layers)} convolution layer(s), {swapped} run by mlip_accel"]
+        for layer in self.layers:
+            options = []
+            if layer.requested is not None:
+                options.append(f"backend={layer.requested!r}")
+            if layer.deterministic is not None:
+                options.append("deterministic" if layer.deterministic else "atomic (non-deterministic)")
+            text = f"    {layer.name or '<this module>'} ({layer.kind}): {layer.implementation}"
+            if options:
+                text += f" [{', '.join(options)}]"
+            if layer.reason:
+                text += f" - {layer.reason}"
+            lines.append(text)
+        if not self.layers:
+            lines.append("    (no convolution that mlip_accel knows: nothing to accelerate)")
+        lines.append(f"  CUDA    : {self.cuda}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _models(obj):
+    """(header, [modules], device or None) for a model or a calculator."""
+    potential = getattr(obj, "potential", None)
+    if potential is not None and isinstance(getattr(potential, "model", None), torch.nn.Module):
+        return potential.describe(), [potential.model], potential.device  # AcceleratedCalculator
+    if isinstance(obj, torch.nn.Module):
+        return f"{type(obj).__module__}.{type(obj).__name__}", [obj], None
+    models = getattr(obj, "models", None)  # MACECalculator
+    if isinstance(models, (list, tuple)) and models and all(isinstance(m, torch.nn.Module) for m in models):
+        return f"{type(obj).__name__} holding {len(models)} model(s)", list(models), None
+    model = getattr(obj, "model", None)  # NequIPCalculator
+    if isinstance(model, torch.nn.Module):
+        return f"{type(obj).__name__} holding a {type(model).__name__}", [model], None
+    raise TypeError(f"mlip_accel.describe takes a NequIP or MACE model (plain or accelerated), a TensorProduct(Conv) "
+                    f"or a calculator holding one, got {type(obj).__module__}.{type(obj).__name__}")
+
+
+def _device_and_dtype(modules):
+    for module in modules:
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            if tensor.is_floating_point():
+                return tensor.device, tensor.dtype
+    return None, None
+
+
+def _implementation(requested: str, device) -> tuple[str, str | None]:
+    """(implementation, reason) of an mlip_accel layer asked for ``requested`` with tensors on ``device``."""
+    if requested == "reference":
+        return "mlip_accel reference", "backend='reference' was asked for"
+    if device is None:
+        return "mlip_accel auto", "no parameters to tell the device: cuda on CUDA tensors when the kernels can run"
+    if device.type != "cuda":
+        if requested == "cuda":
+            return "mlip_accel unavailable", f"backend='cuda' needs CUDA tensors but the model is on {device}"
+        return "mlip_accel reference", f"the model is on {device}; the CUDA kernels need CUDA tensors"
+    reason = backends.cuda_unavailable_reason()
+    if reason is None:
+        return "mlip_accel cuda", None
+    if requested == "cuda":
+        return "mlip_accel unavailable", f"backend='cuda' cannot run: {reason}"
+    return "mlip_accel reference", f"fallback from the CUDA kernels: {reason}"
+
+
+def _kind(wrapper) -> str:
+    name = type(wrapper).__name__
+    if name == "MlipAccelTensorProductScatter":
+        return "NequIP TensorProductScatter"
+    if name == "MACEFusedConv":
+        return "MACE conv_tp"
+    return name
+
+
+def _plain_kind(name: str, module) -> str | None:
+    """What a convolution mlip_accel did not swap is, or None when ``module`` is not one."""
+    cls = type(module)
+    if cls.__name__ == "TensorProductScatter":  # nequip's, or the copy inside a nequip-package file
+        return "NequIP TensorProductScatter"
+    if name.rsplit(".", 1)[-1] == "conv_tp":
+        return "MACE conv_tp"
+    return None
+
+
+def _layers(modules, device) -> list:
+    from ..modules import TensorProduct, TensorProductConv
+
+    ours = (TensorProduct, TensorProductConv)
+    layers, inside = [], set()
+    for index, root in enumerate(modules):
+        prefix = f"models[{index}]." if len(modules) > 1 else ""
+        for name, module in root.named_modules():
+            if id(module) in inside:
+                continue
+            conv = getattr(module, "conv", None)
+            if isinstance(conv, ours) and not isinstance(module, ours):  # our wrapper of a framework layer
+                inside.add(id(conv))
+                layers.append(_accelerated_layer(prefix + name, _kind(module), conv, device))
+            elif isinstance(module, ours):
+                layers.append(_accelerated_layer(prefix + name, type(module).__name__, module, device))
+            else:
+                kind = _plain_kind(name, module)
+                if kind is not None:
+                    implementation = "e3nn (not accelerated)" if type(module).__module__.startswith(
+                        ("e3nn", "nequip")) or ">." in type(module).__module__ else \
+                        f"{type(module).__module__}.{type(module).__name__} (not mlip_accel)"
+                    layers.append(Layer(prefix + name, kind, implementation, None, None, None))
+    return layers
+
+
+def _accelerated_layer(name, kind, conv, device) -> Layer:
+    implementation, reason = _implementation(conv.backend, device)
+    return Layer(name, kind, implementation, conv.backend, getattr(conv, "deterministic", None), reason)
+
+
+def describe(obj) -> Description:
+    """Which implementation runs each convolution of ``obj`` (a model, an accelerated model, or a calculator).
+
+    ``print(mlip_accel.describe(model))`` shows the device, dtype, every convolution layer with its
+    backend ("mlip_accel cuda", "mlip_accel reference", "e3nn (not accelerated)") and why the fused
+    CUDA kernels do not run where they do not; the returned :class:`Description` has the same as fields.
+    """
+    header, modules, device = _models(obj)
+    found_device, dtype = _device_and_dtype(modules)
+    device = device if device is not None else found_device
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
+    cuda = backends.cuda_unavailable_reason()  # imports CuPy only where torch sees a CUDA device
+    return Description(target=header, device=str(device) if device is not None else "unknown (no parameters)",
+                       dtype=str(dtype).removeprefix("torch.") if dtype is not None else "unknown (no parameters)",
+                       layers=tuple(_layers(modules, device)), cuda="available" if cuda is None else cuda)
+
+
+__all__ = ["describe", "Description", "Layer"]
