@@ -316,6 +316,20 @@ def test_torchscript_is_refused_naming_torch_compile():
         torch.jit.script(torch.nn.Sequential(ours))
 
 
+def test_vmap_over_gradients_as_e3nn():
+    # jacobians by torch.vmap over autograd.grad (MACE's dielectric model takes its derivatives this way)
+    e3, ours = _pair("FullyConnected:external")
+    x, y, w = _inputs(e3, batch=(3,))
+
+    def jacobian(tp):
+        xx = x.clone().requires_grad_()
+        out = tp(xx, y, w).sum(0)
+        eye = torch.eye(out.shape[0], dtype=F64)
+        return torch.vmap(lambda v: torch.autograd.grad(out, xx, v, retain_graph=True, create_graph=True)[0])(eye)
+    _close(jacobian(ours), jacobian(e3))
+    assert jacobian(ours).requires_grad
+
+
 def test_convolution_takes_the_new_modes():
     from helpers import e3nn_conv
     e3 = _case("mode:uvv:external", 10)
