@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import e3nn_api  # the rest of e3nn's TensorProduct interface (batch shapes, weight views, right)
 from ..graph import EdgeGraph, check_edge_indices, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
 from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
-from . import e3nn_api
 from .validation import check_tensor, check_weights
 
 
