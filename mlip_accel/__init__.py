@@ -16,7 +16,6 @@ def accelerate(obj, **kwargs):
     return _accelerate(obj, **kwargs)
 
 
-__all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "TensorSquare",
-           "BackendUnavailable",
+__all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "BackendUnavailable",
            "cuda_unavailable_reason", "accelerate", "NotAcceleratable",
            "ParityCheckFailed"]
