@@ -316,6 +316,20 @@ def test_torchscript_is_refused_naming_torch_compile():
         torch.jit.script(torch.nn.Sequential(ours))
 
 
+@pytest.mark.parametrize("name", ["FullyConnected:external", "Square:irreps_out"])
+def test_torch_compile_fullgraph_is_the_way_instead_of_torchscript(name):
+    e3, ours = _pair(name)
+    x, y, w = _inputs(e3, batch=(2, 3))
+    x.requires_grad_()
+
+    def energy(x, y, w):
+        return _call(ours, x, y, w).pow(2).sum()
+    compiled = torch.compile(energy, fullgraph=True, backend="aot_eager")
+    e, e_ref = compiled(x, y, w), energy(x, y, w)
+    _close(e, e_ref)
+    _close(torch.autograd.grad(e, x)[0], torch.autograd.grad(e_ref, x)[0])
+
+
 def test_vmap_over_gradients_as_e3nn():
     # jacobians by torch.vmap over autograd.grad (MACE's dielectric model takes its derivatives this way)
     e3, ours = _pair("FullyConnected:external")

@@ -98,7 +98,7 @@ def flatten_batch(problem: TPProblem, x, y, w, *, check: bool = True):
 
 def runs_on_reference_only(problem: TPProblem, rows: int) -> bool:
     """Degenerate problems (no paths, an empty irreps, no rows) have nothing for a kernel to do."""
-    return rows == 0 or not problem.paths or 0 in (problem.dim_in1, problem.dim_in2, problem.dim_out)
+    return rows == 0 or len(problem.paths) == 0 or 0 in (problem.dim_in1, problem.dim_in2, problem.dim_out)
 
 
 def weight_views(problem: TPProblem, weight: torch.Tensor, yield_instruction: bool = False):

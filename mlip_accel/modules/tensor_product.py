@@ -111,10 +111,13 @@ class TensorProduct(_TPBase):
         x2, y2, w2, batch = e3nn_api.flatten_batch(p, x, y, w, check=checking)
         if checking:
             self._check_inputs(x2, y2, w2, rows=x2.shape[0], rows_name="batch")
-        backend = "reference" if e3nn_api.runs_on_reference_only(p, x2.shape[0]) else \
-            backends.resolve(self.backend, x.device)
+        # (the problem's cached sizes hold a lock torch.compile cannot trace: looked at in eager mode only)
+        if checking and e3nn_api.runs_on_reference_only(p, x2.shape[0]):
+            backend = "reference"
+        else:
+            backend = backends.resolve(self.backend, x.device)
         out = torch.ops.mlip_accel.tp_forward(x2, y2, w2, self.problem_key, backend)
-        return out if len(batch) == 1 else out.reshape(*batch, p.dim_out)
+        return out if len(batch) == 1 else out.reshape(*batch, out.shape[-1])
 
     # --- the rest of e3nn's TensorProduct interface --------------------------------------------------
     @property
