@@ -97,7 +97,11 @@ def _offer_on_package_copies() -> None:
 
 
 def _wrap_modifier_lookup(modify_utils) -> None:
-    lookup = modify_utils.get_all_modifiers
+    lookup = getattr(modify_utils, "get_all_modifiers", None)
+    if lookup is None:  # another nequip: packaged models then need our loader, as the README says
+        logger.warning(f"{MODIFIER_NAME}: this nequip has no modify_utils.get_all_modifiers; to use the modifier "
+                       "on a packaged model load it with _target_: mlip_accel.integrations.nequip.ModelFromPackage")
+        return
     if getattr(lookup, "_mlip_accel", False):
         return
 
