@@ -25,3 +25,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """With MLIP_ACCEL_TEST_COUNTS=FILE (set by `make test`), write this run's counts and exit status there:
+    tests/verdict.py turns one such file per environment into the verdict lines `make test` ends with."""
+    path = os.environ.get("MLIP_ACCEL_TEST_COUNTS")
+    if not path:
+        return
+    import json
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = reporter.stats if reporter is not None else {}
+
+    def count(*keys):  # as pytest's own summary line counts them
+        return sum(len([r for r in stats.get(k, ()) if getattr(r, "count_towards_summary", True)]) for k in keys)
+
+    counts = {"passed": count("passed", "xpassed"), "failed": count("failed", "error"),
+              "skipped": count("skipped", "xfailed"), "exitstatus": int(exitstatus)}
+    with open(path, "w") as f:
+        json.dump(counts, f)

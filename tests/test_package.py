@@ -39,3 +39,36 @@ def test_module_pickles_and_reloads_in_fresh_process(tmp_path):
             "assert torch.equal(d['conv'](*d['args']), d['out'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+# --- installs: what `pip install <checkout>` gives, and one line naming the extra for what it does not ---
+
+def _pyproject() -> dict:
+    import pathlib
+    import tomllib
+
+    return tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+
+
+def test_ase_and_vesin_are_core_dependencies():
+    """The ASE calculator and `mlip-accel md` import ase and vesin: a plain install must bring them."""
+    names = {d.split(">")[0].split("<")[0].split("=")[0].strip() for d in _pyproject()["project"]["dependencies"]}
+    assert {"ase", "vesin", "torch", "e3nn", "numpy"} <= names
+
+
+def test_calculator_and_cli_import_without_frameworks_or_cupy():
+    code = ("import sys\nfor m in ('nequip', 'mace', 'cupy'): sys.modules[m] = None\n"
+            "import mlip_accel.integrations.ase, mlip_accel.integrations.cli, mlip_accel.integrations.md\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_mace_train_without_mace_is_one_line():
+    code = ("import sys; sys.modules['mace'] = None\n"
+            "from mlip_accel.integrations.mace_train import main\nmain(['--name', 'x'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mlip-accel-mace-train: error: needs mace-torch"), lines
+    assert "pip install 'mace-torch" in lines[0] and "[mace] extra" in lines[0], lines
+

@@ -62,6 +62,12 @@ def accelerated_training(device: str):
 
 
 def main(argv=None) -> None:
+    try:
+        import mace  # noqa: F401
+    except ImportError as err:  # one line, not a traceback (mlip_accel is not on PyPI: name the real package)
+        print(f"mlip-accel-mace-train: error: needs mace-torch ({err}): pip install 'mace-torch==0.3.16' "
+              "(or install mlip_accel with its [mace] extra)", file=sys.stderr)
+        sys.exit(2)
     from mace import tools
     from mace.cli import run_train
 

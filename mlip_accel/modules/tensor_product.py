@@ -9,7 +9,7 @@ from ..graph import EdgeGraph, check_edge_indices, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
 from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
-from .validation import check_tensor, check_weights
+from .validation import check_e3nn_tensor_product, check_flag, check_tensor, check_weights
 
 
 class _TPBase(nn.Module):
@@ -28,6 +28,7 @@ class _TPBase(nn.Module):
     @classmethod
     def from_e3nn(cls, e3nn_tp, backend: str = "auto", **kwargs):
         """Same tensor product (normalisation, weight layout, internal weights) as ``e3nn_tp``."""
+        check_e3nn_tensor_product(e3nn_tp)
         self = cls.__new__(cls)
         nn.Module.__init__(self)
         internal = getattr(e3nn_tp, "internal_weights", False) and e3nn_tp.weight_numel > 0
@@ -188,11 +189,12 @@ class TensorProductConv(_TPBase):
 
     def _setup(self, problem, backend, internal_weight=None, deterministic: bool = True, **_):
         super()._setup(problem, backend, internal_weight)
-        self.deterministic = bool(deterministic)
+        self.deterministic = check_flag("deterministic", deterministic)
 
     def __init__(self, *args, deterministic: bool = True, **kwargs):
+        check_flag("deterministic", deterministic)
         super().__init__(*args, **kwargs)
-        self.deterministic = bool(deterministic)
+        self.deterministic = deterministic
 
     @classmethod
     def from_e3nn(cls, e3nn_tp, backend: str = "auto", deterministic: bool = True):
@@ -219,13 +221,9 @@ class TensorProductConv(_TPBase):
                 if isinstance(edge_dst, torch.Tensor) and edge_dst.device != x.device:
                     raise ValueError(f"edge_dst is on {edge_dst.device} but the node features are on {x.device}")
             else:
-                if not isinstance(graph, EdgeGraph):
-                    raise TypeError(f"graph must come from mlip_accel.sort_edges, got {type(graph).__name__}")
-                if not graph.matches(edge_dst, num_nodes):
-                    raise ValueError(f"graph was sorted for {graph.num_edges} edges and {graph.num_nodes} nodes, "
-                                     f"not these {edge_dst.shape[0]} edges and {num_nodes} nodes")
-                if graph.perm.device != x.device:
-                    raise ValueError(f"graph is on {graph.perm.device} but x is on {x.device}")
+                # indices in range and the graph sorted from exactly these edges, in one host sync; a stale
+                # EdgeSortCache entry comes back sorted again
+                graph = check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device, graph=graph)
         if self.deterministic:
             if graph is None:
                 graph = sort_edges(edge_dst, edge_src, num_nodes)

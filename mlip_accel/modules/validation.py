@@ -36,3 +36,23 @@ def check_weights(problem: TPProblem, w, *, rows: int, rows_name: str, dtype, de
         raise TypeError(f"weight is {w.dtype} but x is {dtype}: all inputs must share one dtype")
     if w.device != device:
         raise ValueError(f"weight is on {w.device} but x is on {device}: all inputs must be on one device")
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` when it is True or False; a string such as "no" would otherwise be taken as True."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def is_e3nn_tensor_product(obj) -> bool:
+    """An instance of e3nn's ``o3.TensorProduct`` (any subclass), also the copy of e3nn inside a
+    ``nequip-package`` file (module "<torch_package_N>.e3nn...."), matched by class name and module."""
+    return any(cls.__name__ == "TensorProduct" and cls.__module__.split(">.", 1)[-1].startswith("e3nn.")
+               for cls in type(obj).__mro__)
+
+
+def check_e3nn_tensor_product(obj) -> None:
+    if not is_e3nn_tensor_product(obj):
+        raise TypeError("from_e3nn expects an e3nn o3.TensorProduct (or a subclass such as "
+                        f"FullyConnectedTensorProduct), got {type(obj).__module__}.{type(obj).__name__}")

@@ -5,6 +5,10 @@ because the tensor product is linear in each of x, y and w, the derivatives of t
 are sums of forward and backward calls with one operand replaced by its incoming gradient (the identity
 of the sparse-kernel-generator paper). It holds unchanged for the fused convolution, which is why one
 helper, :func:`_double_backward`, serves both.
+
+A path without weights (e3nn's ``has_weight=False``) is bilinear in (x, y) and constant in w: it belongs to
+the x and y terms of the identity (with its implicit weight of one) but not to the w term, which therefore
+runs the problem restricted to its weighted paths (``TPProblem.weighted_part``).
 """
 from __future__ import annotations
 
@@ -26,9 +30,26 @@ def _add(acc: Optional[Tensor], t: Optional[Tensor]) -> Optional[Tensor]:
     return t if acc is None else acc + t
 
 
-def _double_backward(fwd: Callable, bwd: Callable, x, y, w, grad_z, ggx, ggy, ggw):
-    """Gradients (x, y, w, grad_z) of <ggx, gx> + <ggy, gy> + <ggw, gw> where (gx, gy, gw) = bwd(x, y, w, grad_z)."""
+def _given(t: Optional[Tensor]) -> bool:
+    # autograd materialises the gradient of an unused output as zeros: a zero-width one (w of a problem
+    # without weights) carries nothing and is skipped
+    return t is not None and t.numel() > 0
+
+
+def _double_backward(fwd: Callable, bwd: Callable, x, y, w, grad_z, ggx, ggy, ggw, fwd_w: Optional[Callable] = None,
+                     bwd_w: Optional[Callable] = None):
+    """Gradients (x, y, w, grad_z) of <ggx, gx> + <ggy, gy> + <ggw, gw> where (gx, gy, gw) = bwd(x, y, w, grad_z).
+
+    ``fwd_w``/``bwd_w`` compute the weighted paths only (the w term of the identity); None when the
+    problem has no weighted path.
+    """
     dx = dy = dw = dgz = None
+    if not _given(ggx):
+        ggx = None
+    if not _given(ggy):
+        ggy = None
+    if not _given(ggw) or fwd_w is None:
+        ggw = None
     if ggx is not None:
         dgz = _add(dgz, fwd(ggx, y, w))
         _, a_y, a_w = bwd(ggx, y, w, grad_z, (False, True, True))
@@ -38,8 +59,8 @@ def _double_backward(fwd: Callable, bwd: Callable, x, y, w, grad_z, ggx, ggy, gg
         b_x, _, b_w = bwd(x, ggy, w, grad_z, (True, False, True))
         dx, dw = _add(dx, b_x), _add(dw, b_w)
     if ggw is not None:
-        dgz = _add(dgz, fwd(x, y, ggw))
-        c_x, c_y, _ = bwd(x, y, ggw, grad_z, (True, True, False))
+        dgz = _add(dgz, fwd_w(x, y, ggw))
+        c_x, c_y, _ = bwd_w(x, y, ggw, grad_z, (True, True, False))
         dx, dy = _add(dx, c_x), _add(dy, c_y)
     fill = lambda t, like: torch.zeros_like(like) if t is None else t  # noqa: E731
     return fill(dx, x), fill(dy, y), fill(dw, w), fill(dgz, grad_z)
@@ -51,8 +72,10 @@ def _contig(*ts):
 
 # --- batched tensor product ----------------------------------------------------------------------
 
-def _tp_kernels(problem: str, backend: str):
+def _tp_kernels(problem: str, backend: str, weighted_only: bool = False):
     be, p = backends.get(backend), get_problem(problem)
+    if weighted_only and (p := p.weighted_part) is None:
+        return None, None
     fwd = lambda a, b, c: be.tp_forward(p, *_contig(a, b, c))  # noqa: E731
     bwd = lambda a, b, c, g, need: be.tp_backward(p, *_contig(a, b, c, g), need)  # noqa: E731
     return fwd, bwd
@@ -73,8 +96,8 @@ def tp_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, problem: str,
 def tp_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: Optional[Tensor],
                        ggy: Optional[Tensor], ggw: Optional[Tensor], problem: str,
                        backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    fwd, bwd = _tp_kernels(problem, backend)
-    return _double_backward(fwd, bwd, x, y, w, grad_z, ggx, ggy, ggw)
+    return _double_backward(*_tp_kernels(problem, backend), x, y, w, grad_z, ggx, ggy, ggw,
+                            *_tp_kernels(problem, backend, weighted_only=True))
 
 
 @tp_forward.register_fake
@@ -128,8 +151,11 @@ def _graph(x, edge_dst, perm, rowptr, tperm, trowptr) -> Optional[EdgeGraph]:
                      transpose_perm=tperm, transpose_rowptr=trowptr)
 
 
-def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str):
+def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str,
+                  weighted_only: bool = False):
     be, p = backends.get(backend), get_problem(problem)
+    if weighted_only and (p := p.weighted_part) is None:
+        return None, None
     g = _graph(x, edge_dst, perm, rowptr, tperm, trowptr)
     fwd = lambda a, b, c: be.conv_forward(p, *_contig(a, b, c), edge_dst, edge_src, g)  # noqa: E731
     bwd = lambda a, b, c, gz, need: be.conv_backward(  # noqa: E731
@@ -158,8 +184,9 @@ def conv_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: O
                          perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
                          trowptr: Optional[Tensor], problem: str,
                          backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    fwd, bwd = _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)
-    return _double_backward(fwd, bwd, x, y, w, grad_z, ggx, ggy, ggw)
+    args = (x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)
+    return _double_backward(*_conv_kernels(*args), x, y, w, grad_z, ggx, ggy, ggw,
+                            *_conv_kernels(*args, weighted_only=True))
 
 
 @conv_forward.register_fake

@@ -19,6 +19,22 @@ class NotAcceleratable(TypeError):
     """The object holds no convolution mlip_accel knows how to replace; the message says why."""
 
 
+def check_not_inference(model) -> None:
+    """accelerate() builds modules and runs its parity probe with autograd (forces): refuse, saying what to
+    do, inside ``torch.inference_mode()`` or on a model whose parameters are inference tensors."""
+    import torch
+
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError("mlip_accel.accelerate cannot run inside torch.inference_mode(): it builds the new "
+                           "layers and checks the model's energy and forces before and after (autograd). Call "
+                           "mlip_accel.accelerate(model) once before entering inference mode, then run the "
+                           "model inside it")
+    if isinstance(model, torch.nn.Module) and any(p.is_inference() for p in model.parameters()):
+        raise RuntimeError("this model's parameters are inference tensors (it was built or loaded inside "
+                           "torch.inference_mode()): build or load it outside inference mode, call "
+                           "mlip_accel.accelerate(model), then run it inside inference mode")
+
+
 def accelerate(obj, **kwargs):
     for framework, adapter_name in _ADAPTERS:
         if framework not in sys.modules:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..problem.e3nn_compat import o3
-from . import NotAcceleratable
+from . import NotAcceleratable, check_not_inference
 from ..graph import EdgeSortCache
 from .mace_conv import MACEFusedConv
 from .mace_probe import probe_batch, run_probe, tolerance
@@ -174,6 +174,8 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -
     for name, value in (("deterministic", deterministic), ("check", check)):
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
+    for model in models:
+        check_not_inference(model)
     plans = [_plan(model) for model in models]
     done = []
     try:

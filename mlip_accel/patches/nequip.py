@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import NotAcceleratable
+from . import NotAcceleratable, check_not_inference
 
 _COMPILED_HINT = ("Accelerate the eager model instead: load the checkpoint or package with nequip's loaders "
                   "(nequip.model.ModelFromCheckpoint / ModelFromPackage, or NequIPCalculator._from_saved_model) "
@@ -99,6 +99,7 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     if not isinstance(check, bool):
         raise TypeError(f"check must be True or False, got {check!r}")
     model = obj.model if _is_calculator(obj) else obj
+    check_not_inference(model)
     _refuse_unless_acceleratable(model)
 
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)

@@ -111,6 +111,16 @@ class TPProblem:
         """Stable name of this problem: the same data gives the same key in every process."""
         return "tp_" + hashlib.sha1(repr(self).encode()).hexdigest()[:16]
 
+    @functools.cached_property
+    def weighted_part(self) -> "TPProblem | None":
+        """This problem restricted to its weighted paths (same irreps, same weight layout): itself when every
+        path is weighted, None when none is. The part of the tensor product that is linear in the weights
+        (a path without weights is constant in them), which the double backward needs."""
+        paths = tuple(p for p in self.paths if p.has_weight)
+        if len(paths) == len(self.paths):
+            return self
+        return dataclasses.replace(self, paths=paths) if paths else None
+
     def describe(self) -> str:
         return (f"{irreps_str(self.irreps_in1)} x {irreps_str(self.irreps_in2)} -> {irreps_str(self.irreps_out)}"
                 f" ({len(self.paths)} paths, weight_numel={self.weight_numel},"

@@ -5,6 +5,12 @@ newer than the toolkit gets PTX of the newest architecture NVRTC knows, which th
 Compiled images are cached on disk under ``$MLIP_ACCEL_CACHE_DIR`` (default ``~/.cache/mlip_accel``),
 keyed by a hash of the source, the options and the NVRTC version, so a warm start loads without
 compiling. ``MLIP_ACCEL_CACHE_DIR=off`` disables the disk cache.
+
+An entry is ``MAGIC + sha256(image) + image``. A loaded entry must pass the checksum and look like what
+the driver loads (an ELF header for CUDA for a cubin, PTX text for PTX); one that does not (truncated,
+empty, bit-flipped, from an older layout) is recompiled and replaced. A cache location that cannot be
+read or written (permissions, a file where the directory should be, a directory in an entry's place)
+costs a warning, once per location and process, and the kernels are then kept in memory only.
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import hashlib
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
@@ -86,25 +93,105 @@ STATS = CompileStats()
 _MEMORY: dict[str, bytes] = {}
 
 
+class CacheWarning(RuntimeWarning):
+    """The on-disk kernel cache cannot be used as it is; kernels are compiled (and kept in memory) instead."""
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(kind: str, where: Path, message: str) -> None:
+    if (kind, str(where)) not in _WARNED:
+        _WARNED.add((kind, str(where)))
+        warnings.warn(f"mlip_accel kernel cache: {message}", CacheWarning, stacklevel=4)
+
+
+# --- entries -------------------------------------------------------------------------------------------------
+
+MAGIC = b"MLIPACC-KERNEL-1\n"
+_DIGEST = 32  # sha256
+EM_CUDA = 190  # ELF e_machine of a cubin
+
+
+def pack_entry(image: bytes) -> bytes:
+    return MAGIC + hashlib.sha256(image).digest() + image
+
+
+def image_problem(image: bytes, kind: str) -> str | None:
+    """None when ``image`` looks like a module the driver loads (cubin: ELF for CUDA; PTX: PTX text)."""
+    if kind == "cubin":
+        if len(image) < 64 or image[:4] != b"\x7fELF":
+            return "not an ELF file"
+        if int.from_bytes(image[18:20], "little") != EM_CUDA:
+            return "an ELF file, but not for CUDA"
+        return None
+    text = image.rstrip(b"\0")
+    if not text or b".version" not in text or b".target" not in text:
+        return "not PTX text"
+    return None
+
+
+def unpack_entry(data: bytes, kind: str) -> tuple[bytes | None, str | None]:
+    """(image, None) for a sound entry, else (None, what is wrong with it)."""
+    head = len(MAGIC) + _DIGEST
+    if len(data) < head or not data.startswith(MAGIC):
+        return None, "empty, truncated or not written by this version" if len(data) < head else "bad header"
+    image = data[head:]
+    if hashlib.sha256(image).digest() != data[len(MAGIC):head]:
+        return None, "checksum mismatch (truncated or corrupted)"
+    problem = image_problem(image, kind)
+    return (None, problem) if problem else (image, None)
+
+
+def _read_entry(path: Path, kind: str) -> bytes | None:
+    """The image stored at ``path`` when it is sound; None (after a warning where useful) otherwise."""
+    try:
+        data = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except IsADirectoryError:
+        _warn_once("entry-is-dir", path, f"{path} is a directory, not a cache entry; this kernel is compiled "
+                   "and kept in memory (remove the directory to cache it again)")
+        return None
+    except OSError as err:
+        _warn_once("unreadable", path.parent, f"cannot read {path} ({err.strerror or err}); kernels are "
+                   "compiled and kept in memory (fix the permissions or set MLIP_ACCEL_CACHE_DIR)")
+        return None
+    image, problem = unpack_entry(data, kind)
+    if problem is not None:
+        _warn_once("corrupt", path, f"{path} is unusable ({problem}): recompiling and replacing it")
+    return image
+
+
 def compile_source(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=()) -> bytes:
     """The compiled image (cubin or PTX bytes) of ``source``, from the caches when possible."""
+    return _cached_compile(source, target, name, extra_options)[0]
+
+
+def ensure_cached(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=()) -> str:
+    """Compile ``source`` into the disk cache unless a sound entry is there: "present", "written", or
+    "memory" (the cache is off or cannot be written; a warning said why)."""
+    return _cached_compile(source, target, name, extra_options, use_memory=False)[1]
+
+
+def _cached_compile(source: str, target: Target, name: str, extra_options, use_memory: bool = True):
     options = (*BASE_OPTIONS, *extra_options, target.option)
     key = cache_key(source, options)
-    image = _MEMORY.get(key)
+    image = _MEMORY.get(key) if use_memory else None
     if image is not None:
         STATS.memory_hits += 1
-        return image
+        return image, "memory"
     directory = cache_dir()
     path = directory / f"{key}.{target.kind}" if directory is not None else None
-    if path is not None and path.is_file():
-        image = path.read_bytes()
+    image = _read_entry(path, target.kind) if path is not None else None
+    if image is not None:
         STATS.disk_hits += 1
+        status = "present"
     else:
         image = _compile(source, options, target.kind, name)
-        if path is not None:
-            _write_atomically(path, image)
+        status = "written" if path is not None and _write_atomically(path, pack_entry(image)) else "memory"
     _MEMORY[key] = image
-    return image
+    return image, status
 
 
 def _compile(source: str, options: tuple[str, ...], kind: str, name: str) -> bytes:
@@ -125,12 +212,55 @@ def _compile(source: str, options: tuple[str, ...], kind: str, name: str) -> byt
     return image if isinstance(image, bytes) else bytes(image)
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
+def _mkdir_problem(directory: Path) -> str | None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return "is not a directory" if directory.exists() and not directory.is_dir() else \
+            f"cannot be created ({err.strerror or err})"
+    return None
+
+
+def unwritable_reason(directory: Path) -> str | None:
+    """None when a cache entry can be written into ``directory`` (created if missing), else why not."""
+    problem = _mkdir_problem(directory)
+    if problem is not None:
+        return problem
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".probe", suffix=".tmp")
+    except OSError as err:
+        return f"cannot be written ({err.strerror or err})"
+    os.close(fd)
+    os.unlink(tmp)
+    return None
+
+
+def _write_atomically(path: Path, data: bytes) -> bool:
+    """Write ``data`` to ``path`` through a temporary file and a rename; False (after a warning, once per
+    location) when the cache cannot be written: a failed write costs a recompile next time, nothing else."""
+    directory = path.parent
+    problem = _mkdir_problem(directory)
+    if problem is not None:
+        _warn_once("unwritable", directory, f"the cache directory {directory} {problem}; kernels are kept in "
+                   "memory only (set MLIP_ACCEL_CACHE_DIR to a writable directory, or to 'off')")
+        return False
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=path.name, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
-    except OSError:  # a read-only or full cache directory only costs a recompile next time
-        pass
+        return True
+    except IsADirectoryError:
+        _warn_once("entry-is-dir", path, f"{path} is a directory, not a cache entry; this kernel is kept in "
+                   "memory only (remove the directory to cache it again)")
+    except OSError as err:
+        _warn_once("unwritable", directory, f"cannot write {path} ({err.strerror or err}); kernels are kept in "
+                   "memory only (fix the permissions or set MLIP_ACCEL_CACHE_DIR)")
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+    return False

@@ -5,6 +5,8 @@
 ``problems.json`` has the layout of ../shared/bench/problems.json. Every kernel the backend would build
 for those problems (batched TP, deterministic and atomic convolution; forward, backward and the backward
 variants the double backward calls; float32 and float64) is compiled once into ``$MLIP_ACCEL_CACHE_DIR``.
+Sound entries already there are kept. It prints how many modules it wrote and exits with status 1 when
+the cache cannot be written (2 when the disk cache is off), so a job script can tell that it did nothing.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import concurrent.futures
 import json
 import multiprocessing
 import os
+import sys
 import time
 
 from ..problem import channelwise_problem, describe
@@ -25,31 +28,40 @@ def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
     from .backend import module_for
     sources = []
     for problem in problems:
+        weighted = problem.weighted_part
         for dtype in dtypes:
             for variant in ("tp", "det", "atomic"):
                 sources.append(module_for(problem, dtype, "forward", variant).source)
                 sources += [module_for(problem, dtype, "backward", variant, need).source for need in NEEDS]
+                if weighted is not None and weighted is not problem:  # the double backward's w term
+                    sources.append(module_for(weighted, dtype, "forward", variant).source)
+                    sources.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]).source)
     return sources
 
 
-def _compile_one(job) -> float:
+def _compile_one(job) -> tuple[float, str]:
     source, target = job
     start = time.perf_counter()
-    compiler.compile_source(source, target)
-    return time.perf_counter() - start
+    status = compiler.ensure_cached(source, target)
+    return time.perf_counter() - start, status
 
 
 def precompile(problems, target: compiler.Target, workers: int | None = None) -> dict:
-    sources = kernel_sources(problems)
+    """Compile into the disk cache; counts of modules "written", already "present" and kept in "memory"
+    only (not cached: the warnings of the worker processes say why)."""
+    sources = list(dict.fromkeys(kernel_sources(problems)))
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        seconds = list(pool.map(_compile_one, [(s, target) for s in sources], chunksize=1))
-    return {"modules": len(sources), "wall_s": time.perf_counter() - start, "cpu_s": sum(seconds),
+        results = list(pool.map(_compile_one, [(s, target) for s in sources], chunksize=1))
+    seconds = [r[0] for r in results]
+    statuses = [r[1] for r in results]
+    return {"modules": len(sources), "written": statuses.count("written"), "present": statuses.count("present"),
+            "memory": statuses.count("memory"), "wall_s": time.perf_counter() - start, "cpu_s": sum(seconds),
             "max_module_s": max(seconds, default=0.0)}
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("problems_json")
     parser.add_argument("--arch", type=int, default=None, help="compute capability as 90; default: this GPU's")
@@ -57,17 +69,37 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.arch is None:
         import torch
+        if not torch.cuda.is_available():
+            print("mlip_accel precompile: no GPU here to take the architecture from: pass --arch (90 for H100/H200)",
+                  file=sys.stderr)
+            return 2
         capability = torch.cuda.get_device_capability()
     else:
         capability = divmod(args.arch, 10)
+    directory = compiler.cache_dir()
+    if directory is None:
+        print(f"mlip_accel precompile: the disk cache is off ({compiler.CACHE_ENV}="
+              f"{os.environ.get(compiler.CACHE_ENV)!r}): nothing to precompile into", file=sys.stderr)
+        return 2
+    reason = compiler.unwritable_reason(directory)
+    if reason is not None:
+        print(f"mlip_accel precompile: the cache directory {directory} {reason}; nothing was written "
+              f"(set {compiler.CACHE_ENV} to a writable directory)", file=sys.stderr)
+        return 1
     problems = []
     for spec in json.loads(open(args.problems_json).read())["problems"]:
         in1, out, ins = channelwise_problem(spec["in1"], spec["in2"], spec["target"])
         problems.append(describe(in1, spec["in2"], out, ins, shared_weights=False, internal_weights=False))
     stats = precompile(problems, compiler.target_for(capability), args.workers)
-    print(f"precompiled {stats['modules']} modules in {stats['wall_s']:.1f} s "
-          f"({stats['cpu_s']:.1f} s of compile, slowest {stats['max_module_s']:.1f} s) into {compiler.cache_dir()}")
+    print(f"wrote {stats['written']} of {stats['modules']} modules into {directory} ({stats['present']} were "
+          f"already cached) in {stats['wall_s']:.1f} s ({stats['cpu_s']:.1f} s of compile, slowest "
+          f"{stats['max_module_s']:.1f} s)")
+    if stats["memory"]:
+        print(f"mlip_accel precompile: {stats['memory']} modules could not be written into {directory} "
+              "(see the warnings above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
