@@ -5,7 +5,7 @@ Importing this package imports neither CuPy, NequIP nor MACE; each is loaded whe
 __version__ = "0.1.0"
 
 from .graph import EdgeGraph, sort_edges
-from .modules import TensorProduct, TensorProductConv
+from .modules import TensorProduct, TensorProductConv, TensorSquare
 from .patches import NotAcceleratable, ParityCheckFailed
 from .ops.backends import BackendUnavailable, cuda_unavailable_reason
 

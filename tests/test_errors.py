@@ -89,10 +89,3 @@ def test_weight_required_and_internal(setup):
     tp, conv, x, y, w, dst, src = setup
     with pytest.raises(ValueError, match="weight is required"):
         conv(x, y, None, dst, src)
-
-
-def test_unsupported_mode_is_refused():
-    from helpers import e3nn_tp
-    tp = e3nn_tp("2x1o", "2x1o", "2x0e", [(0, 0, 0, "uvv", True)])
-    with pytest.raises(NotImplementedError, match="connection mode 'uvv' is not supported"):
-        mlip_accel.TensorProduct.from_e3nn(tp)

@@ -247,7 +247,7 @@ def test_refuses_train_time_compile_and_nequip_compile():
         mlip_accel.accelerate(compiled)
     set_workflow_state("compile")
     try:
-        with pytest.raises(RuntimeError, match="nequip-compile"):
+        with pytest.raises(SystemExit, match="nequip-compile: --modifiers enable_MlipAccel cannot be compiled"):
             modify(F.tiny_model(), [{"modifier": "enable_MlipAccel"}])
     finally:
         set_workflow_state(None)

@@ -69,6 +69,7 @@ def structures():
 def test_config_flag_keeps_the_losses(runs):
     accelerated_log = runs["accelerated"].with_suffix(".out").read_text()
     assert ACTIVE_LINE in accelerated_log  # the flag really switched the layers during training
+    assert f"mlip_accel.integrations.nequip {mlip_accel.__version__}" in accelerated_log  # nequip's versions
     assert "enable_MlipAccel" not in runs["plain"].with_suffix(".out").read_text()
     fast, plain = _losses(runs["accelerated"]), _losses(runs["plain"])
     assert set(fast) == set(plain)
@@ -117,12 +118,27 @@ def test_fine_tuning_config_from_package(runs, structures):
 
     package = str(runs["package"])
     flag = [{"modifier": "enable_MlipAccel"}]
-    with pytest.raises(RuntimeError, match="not a registered model modifier"):
-        modify({"_target_": "nequip.model.ModelFromPackage", "package_path": package}, flag)  # nequip's loader
-    model = modify({"_target_": "mlip_accel.integrations.nequip.ModelFromPackage", "package_path": package}, flag)
-    assert all(isinstance(m, MlipAccelTensorProductScatter) for m in F.tensor_product_scatters(model))
-    F.assert_same_outputs(F.evaluate(model["sole_model"], structures),
-                          F.evaluate(ModelFromPackage(package)["sole_model"], structures), "float64")
+    want = F.evaluate(ModelFromPackage(package)["sole_model"], structures)
+    # nequip's own loader (the package's nequip copy gets the modifier when nequip looks it up) and ours
+    for loader in ("nequip.model.ModelFromPackage", "mlip_accel.integrations.nequip.ModelFromPackage"):
+        model = modify({"_target_": loader, "package_path": package}, flag)
+        layers = F.tensor_product_scatters(model)
+        assert layers and all(isinstance(m, MlipAccelTensorProductScatter) for m in layers), loader
+        F.assert_same_outputs(F.evaluate(model["sole_model"], structures), want, "float64")
+
+
+@pytest.mark.parametrize("source", ["package", "checkpoint"])
+def test_nequip_compile_with_the_modifier_is_one_clear_message(runs, source, tmp_path):
+    path = runs["package"] if source == "package" else runs["accelerated"] / "last.ckpt"
+    out = subprocess.run([str(BIN / "nequip-compile"), str(path), str(tmp_path / "m.nequip.pt2"), "--mode",
+                          "aotinductor", "--device", "cpu", "--modifiers", "enable_MlipAccel"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert out.returncode != 0
+    message = "nequip-compile: --modifiers enable_MlipAccel cannot be compiled"
+    assert message in out.stderr.strip().splitlines()[-1], out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "not a registered model modifier" not in out.stderr + out.stdout
+    assert "mlip_accel.accelerate" in out.stderr
 
 
 def test_calculator_from_package(runs):

@@ -1,4 +1,4 @@
 """nn.Modules over the custom ops."""
-from .tensor_product import TensorProduct, TensorProductConv
+from .tensor_product import TensorProduct, TensorProductConv, TensorSquare
 
-__all__ = ["TensorProduct", "TensorProductConv"]
+__all__ = ["TensorProduct", "TensorProductConv", "TensorSquare"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import e3nn_api  # the rest of e3nn's TensorProduct interface (batch shapes, weight views, right)
 from ..graph import EdgeGraph, check_edge_indices, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
@@ -69,6 +70,9 @@ class _TPBase(nn.Module):
     def extra_repr(self) -> str:
         return f"{self.problem.describe()}, backend={self.backend!r}"
 
+    def __prepare_scriptable__(self):  # torch.jit.script calls this first, on every submodule
+        raise NotImplementedError(e3nn_api.SCRIPT_MESSAGE)
+
     def _weight(self, weight, x):
         if weight is None:
             if self.weight is not None:
@@ -76,9 +80,7 @@ class _TPBase(nn.Module):
             if self.weight_numel == 0:
                 return x.new_zeros(0 if self.shared_weights else (x.shape[0], 0))
             raise ValueError("weight is required: this tensor product has no internal weights")
-        if self.internal_weights:
-            raise ValueError("weight was given but this tensor product has internal weights")
-        return weight
+        return weight  # as in e3nn, a weight given overrides the internal weights
 
     def _check_inputs(self, x, y, w, rows: int, rows_name: str, y_name: str = "y"):
         p = self.problem
@@ -89,15 +91,91 @@ class _TPBase(nn.Module):
 
 
 class TensorProduct(_TPBase):
-    """``tp(x, y, w)`` equal to e3nn's ``o3.TensorProduct(...)(x, y, w)`` for 2-D (batch, dim) inputs."""
+    """``tp(x, y, weight=None)`` equal to e3nn's ``o3.TensorProduct(...)(x, y, weight)``.
+
+    Any tensor product e3nn builds (every connection mode; FullyConnected-, Full-, Elementwise-
+    TensorProduct; :class:`TensorSquare`) and any batch shape e3nn accepts: ``x`` ``(..., dim_in1)``,
+    ``y`` ``(..., dim_in2)``, per-sample weights ``(..., weight_numel)``, leading dimensions broadcast.
+    ``instructions``, ``weight_views()`` and ``right()`` behave as e3nn's.
+    """
+
+    @classmethod
+    def from_e3nn(cls, e3nn_tp, backend: str = "auto", **kwargs):
+        if cls is TensorProduct and isinstance(e3nn_tp, _e3nn_tensor_square()):
+            cls = TensorSquare  # e3nn's TensorSquare is called with one input: so is ours
+        return super(TensorProduct, cls).from_e3nn(e3nn_tp, backend=backend, **kwargs)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        w = self._weight(weight, x)
-        if not torch.compiler.is_compiling():
-            check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}")
-            self._check_inputs(x, y, w, rows=x.shape[0], rows_name="x.shape[0]")
-        backend = backends.resolve(self.backend, x.device)
-        return torch.ops.mlip_accel.tp_forward(x, y, w, self.problem_key, backend)
+        p = self.problem
+        w = self._weight(e3nn_api.join_weights(p, weight), x) if p.weight_numel else None
+        checking = not torch.compiler.is_compiling()
+        x2, y2, w2, batch = e3nn_api.flatten_batch(p, x, y, w, check=checking)
+        if checking:
+            self._check_inputs(x2, y2, w2, rows=x2.shape[0], rows_name="batch")
+        # (the problem's cached sizes hold a lock torch.compile cannot trace: looked at in eager mode only)
+        if checking and e3nn_api.runs_on_reference_only(p, x2.shape[0]):
+            backend = "reference"
+        else:
+            backend = backends.resolve(self.backend, x.device)
+        out = torch.ops.mlip_accel.tp_forward(x2, y2, w2, self.problem_key, backend)
+        return out if len(batch) == 1 else out.reshape(*batch, out.shape[-1])
+
+    # --- the rest of e3nn's TensorProduct interface --------------------------------------------------
+    @property
+    def instructions(self) -> list:
+        return e3nn_api.instructions(self.problem)
+
+    def _e3nn_weight(self, weight):
+        w = e3nn_api.join_weights(self.problem, weight)
+        if w is None and self.weight is None:
+            if self.weight_numel > 0:
+                raise ValueError("weight is required: this tensor product has no internal weights")
+            return torch.zeros(0)
+        return self.weight if w is None else w
+
+    def weight_views(self, weight: torch.Tensor | None = None, yield_instruction: bool = False):
+        """Views of ``weight`` (or the internal weights) per weighted instruction, shaped ``path_shape``."""
+        return e3nn_api.weight_views(self.problem, self._e3nn_weight(weight), yield_instruction)
+
+    def weight_view_for_instruction(self, instruction: int, weight: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.problem.paths[instruction].has_weight:
+            raise ValueError(f"Instruction {instruction} has no weights.")
+        return next(v for n, _, v in e3nn_api.weight_views(self.problem, self._e3nn_weight(weight), True)
+                    if n == instruction)
+
+    def right(self, y: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """The operator ``(..., dim_in1, dim_out)`` that maps x to ``tp(x, y, weight)`` (e3nn's ``right``)."""
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"y must be a torch.Tensor, got {type(y).__name__}")
+        eye = torch.eye(self.problem.dim_in1, dtype=y.dtype, device=y.device)
+        w = e3nn_api.join_weights(self.problem, weight)
+        if w is not None and not self.shared_weights and isinstance(w, torch.Tensor) and w.dim() > 0:
+            w = w.unsqueeze(-2)
+        return TensorProduct.forward(self, eye, y.unsqueeze(-2) if y.dim() > 0 else y, w)
+
+
+def _e3nn_tensor_square():
+    from ..problem.e3nn_compat import o3
+    return o3().TensorSquare
+
+
+class TensorSquare(TensorProduct):
+    """``sq(x, weight=None)`` equal to e3nn's ``o3.TensorSquare(...)(x, weight)``: the tensor product of x
+    with itself, its u < v channel pairs once (modes uvu<v / u<vw), as e3nn builds it."""
+
+    def __init__(self, irreps_in, irreps_out=None, filter_ir_out=None, irrep_normalization=None,
+                 backend: str = "auto", **kwargs):
+        nn.Module.__init__(self)
+        e3 = _e3nn_tensor_square()(irreps_in, irreps_out, filter_ir_out, irrep_normalization, **kwargs)
+        internal = e3.internal_weights and e3.weight_numel > 0
+        self._setup(from_e3nn(e3), backend, e3.weight if internal else None)
+
+    @property
+    def irreps_in(self):
+        return self.irreps_in1
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:  # noqa: D102
+        return super().forward(x, x, weight)
 
 
 class TensorProductConv(_TPBase):

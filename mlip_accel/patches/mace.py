@@ -7,6 +7,8 @@ edge_index)``; nothing else in the model changes. All blocks of one model share 
 """
 from __future__ import annotations
 
+import torch
+
 from ..problem.e3nn_compat import o3
 from . import NotAcceleratable, check_not_inference
 from . import mace_symmetric
@@ -27,7 +29,10 @@ SUPPORTED_BLOCKS = (
     "RealAgnosticAttResidualInteractionBlock",
     "RealAgnosticResidualNonLinearInteractionBlock",
 )
-SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE")
+# The model classes of mace-torch 0.3.16 tested (tests/test_mace_models.py). Any other model whose
+# interaction blocks are all among SUPPORTED_BLOCKS is accelerated too: the blocks call conv_tp, the model
+# only calls the blocks, and the parity probe runs the model itself before anything is kept.
+SUPPORTED_MODELS = ("MACE", "ScaleShiftMACE", "AtomicDipolesMACE", "EnergyDipolesMACE", "AtomicDielectricMACE")
 
 __all__ = ["claims", "accelerate", "restore", "is_accelerated", "ParityCheckFailed", "SUPPORTED_BLOCKS"]
 
@@ -35,11 +40,6 @@ __all__ = ["claims", "accelerate", "restore", "is_accelerated", "ParityCheckFail
 def _supported_block_classes() -> dict:
     from mace.modules import blocks
     return {getattr(blocks, name): name for name in SUPPORTED_BLOCKS if hasattr(blocks, name)}
-
-
-def _supported_model_classes() -> tuple:
-    from mace.modules import models
-    return tuple(getattr(models, name) for name in SUPPORTED_MODELS)
 
 
 def _calculator_class():
@@ -62,8 +62,6 @@ def _from_mace(cls) -> bool:
 
 def _scripted_mace(obj) -> bool:
     # a TorchScript module (a *_compiled.model file) keeps the name of the class it was scripted from
-    import torch
-
     return isinstance(obj, torch.jit.ScriptModule) and getattr(obj, "original_name", None) in SUPPORTED_MODELS
 
 
@@ -85,9 +83,9 @@ def _enabled(config) -> bool:
 
 def _plan(model) -> list:
     """The interaction blocks to accelerate, or NotAcceleratable saying why this model cannot be."""
-    if not isinstance(model, _supported_model_classes()) or type(model).__name__ not in SUPPORTED_MODELS:
-        raise NotAcceleratable(f"mlip_accel accelerates the MACE models {', '.join(SUPPORTED_MODELS)}; "
-                               f"got {_type_name(model)}")
+    if not isinstance(getattr(model, "interactions", None), torch.nn.ModuleList):
+        raise NotAcceleratable(f"{_type_name(model)} has no MACE interaction blocks (a ModuleList "
+                               "'interactions'): mlip_accel accelerates MACE models built from them")
     known = _supported_block_classes()
     blocks = [m for m in model.modules() if hasattr(m, "conv_tp")]
     unknown = [b for b in list(model.interactions) + blocks if type(b) not in known]
@@ -161,6 +159,16 @@ def _plain_outputs(model, blocks, batch):
             block.conv_fusion = CONV_FUSION_TAG
 
 
+def _probe_plain(model, blocks, batch):
+    try:
+        return _plain_outputs(model, blocks, batch)
+    except Exception as err:
+        raise NotAcceleratable(
+            f"the parity probe could not run {_type_name(model)} as MACE models are called "
+            f"({type(err).__name__}: {err}); the model is left unchanged. mlip_accel.accelerate(model, "
+            "check=False) skips the probe: compare the model's outputs with and without it yourself") from err
+
+
 def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -> None:
     from ..ops.backends import check_backend_name
 
@@ -175,7 +183,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -
     try:
         for model, (blocks, products) in zip(models, plans):
             batch = probe_batch(model) if check else None
-            reference = _plain_outputs(model, blocks, batch) if check else None
+            reference = _probe_plain(model, blocks, batch) if check else None
             undo = _install(blocks, backend, deterministic)
             done.append((_uninstall, undo))
             done.append((mace_symmetric.uninstall, mace_symmetric.install(products, backend)))

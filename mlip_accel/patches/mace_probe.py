@@ -1,24 +1,44 @@
 """Parity self-check of an accelerated MACE model: the same small periodic structure through both convolutions.
 
-The probe holds every element of the model (from its ``atomic_numbers``, i.e. its z_table) and one
-structure per head, on a jittered cubic lattice whose spacing gives each atom a dozen or more neighbours
-within ``r_max``: dense enough that every path of every interaction carries weight, sparse enough that no
-pair sits in the steep repulsive range that would dominate the outputs.
+The probe holds every element the model embeds (its ``atomic_numbers`` as MACE maps them: the first
+``num_elements`` of them, the width of the one-hot node attributes; MACE models may list more numbers than
+they embed) and one structure per head, on a jittered cubic lattice whose spacing gives each atom a dozen
+or more neighbours within ``r_max``: dense enough that every path of every interaction carries weight,
+sparse enough that no pair sits in the steep repulsive range that would dominate the outputs. Each model
+class is called as it is meant to be (PROBE_CALLS): energy models with forces and stress, the dipole
+models without (their forward refuses them), the dielectric model with its position derivatives.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 import torch
 
-# Outputs compared; "node_feats" holds every interaction's output, so a bad layer cannot hide.
-COMPARED = ("energy", "forces", "stress", "node_feats")
+# Outputs compared where the model returns them; "node_feats" holds every interaction's output, so a bad
+# layer cannot hide; dmu_dr / dalpha_dr are the dielectric model's derivatives through every convolution.
+COMPARED = ("energy", "forces", "stress", "node_feats", "dipole", "atomic_dipoles", "charges", "polarizability",
+            "polarizability_sh", "dmu_dr", "dalpha_dr")
+# Keyword arguments of the probe's forward call per MACE model class (a subclass takes its base's); a
+# class not listed is called with its own defaults.
+_ENERGY_CALL = {"compute_force": True, "compute_stress": True}
+PROBE_CALLS = {
+    "MACE": _ENERGY_CALL,
+    "ScaleShiftMACE": _ENERGY_CALL,
+    "EnergyDipolesMACE": _ENERGY_CALL,
+    "AtomicDipolesMACE": {},
+    "AtomicDielectricMACE": {"compute_dielectric_derivatives": True},
+}
 
 # Relative tolerance of the check, max|accelerated - e3nn| <= RTOL * max|e3nn| per output. A real mismatch
-# (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more. Measured on tiny
-# models of all six interaction blocks (tests/test_mace_accelerate.py):
-#   float32: both sides round at float32 through a dozen layers, summing in different orders: <= 3e-6.
+# (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more.
+#   float32: set from measured error budgets against the same parameters in float64 with exact constants
+#            (scripts/mace_fp32_error_budget.py -> benchmarks/mace_fp32_error_budget.md; every model class
+#            x interaction block): e3nn fp32 vs fp64 <= 7.7e-6, ours fp32 vs fp64 <= 7.2e-6 (ours tracks
+#            e3nn's own rounding, ratio <= 1.4), so |ours - e3nn| <= 1.5e-5 by the triangle inequality
+#            (2.0e-6 measured). 1e-4 leaves a 6x margin over that bound, 100x under a real mismatch.
+#            (A 1e-5 tolerance, as in MACE's own conversion tests, is at e3nn's own float32 error.)
 #   float64, model built under float64 (as MACE's training does; e3nn's constants exact): <= 1e-13.
 #   float64, model built under float32 then .double() (e3nn 0.4.4 keeps the Clebsch-Gordan buffers it
 #            computed in float32, rel. error up to 6e-8, while ours are exact): <= 2e-10 measured; the
@@ -47,18 +67,20 @@ def probe_batch(model: torch.nn.Module) -> dict:
     from mace.tools import torch_geometric
     from mace.tools.utils import AtomicNumberTable
 
-    zs = [int(z) for z in model.atomic_numbers]
+    width = num_elements(model)
+    zs = [int(z) for z in model.atomic_numbers][:width]
     heads = list(getattr(model, "heads", None) or ["Default"])
     r_max = float(model.r_max)
     rng = np.random.default_rng(0)
     spacing = 0.55 * r_max
-    grid = np.array([(i, j, k) for i in range(2) for j in range(2) for k in range(2)], dtype=float)
+    side = min(max(2, math.ceil(len(zs) ** (1 / 3) - 1e-9)), 5)  # room for every element, at most 125 atoms
+    grid = np.array([(i, j, k) for i in range(side) for j in range(side) for k in range(side)], dtype=float)
     numbers = [zs[i % len(zs)] for i in range(len(grid))]
     z_table = AtomicNumberTable(zs)
     graphs = []
     for head in heads:
         positions = spacing * (grid + rng.uniform(-0.12, 0.12, size=grid.shape))
-        cell = spacing * 2 * np.eye(3) + rng.uniform(-0.05, 0.05, size=(3, 3)) * spacing
+        cell = spacing * side * np.eye(3) + rng.uniform(-0.05, 0.05, size=(3, 3)) * spacing
         atoms = ase.Atoms(numbers=rng.permutation(numbers), positions=positions, cell=cell, pbc=True)
         config = mace_data.config_from_atoms(atoms, head_name=head)
         graphs.append(mace_data.AtomicData.from_config(config, z_table=z_table, cutoff=r_max, heads=heads))
@@ -70,13 +92,28 @@ def probe_batch(model: torch.nn.Module) -> dict:
         if torch.is_tensor(value) and torch.is_floating_point(value):
             value = value.to(dtype)
         out[key] = value
+    if out["node_attrs"].shape[1] < width:  # fewer atomic numbers than embedded elements: unused columns
+        out["node_attrs"] = torch.nn.functional.pad(out["node_attrs"], (0, width - out["node_attrs"].shape[1]))
     return out
+
+
+def num_elements(model: torch.nn.Module) -> int:
+    """The width of the model's one-hot node attributes (MACE's ``num_elements``)."""
+    irreps = getattr(model.interactions[0], "node_attrs_irreps", None)
+    return int(irreps.dim) if irreps is not None else len(model.atomic_numbers)
+
+
+def probe_call(model: torch.nn.Module) -> dict:
+    for cls in type(model).__mro__:
+        if cls.__name__ in PROBE_CALLS and (cls.__module__ or "").startswith("mace."):
+            return PROBE_CALLS[cls.__name__]
+    return {}
 
 
 def run_probe(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
     inputs = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}
-    out = model(inputs, training=False, compute_force=True, compute_stress=True)
-    return {k: out[k].detach() for k in COMPARED if out.get(k) is not None}
+    out = model(inputs, training=False, **probe_call(model))
+    return {k: out[k].detach() for k in COMPARED if torch.is_tensor(out.get(k))}
 
 
 def _cg_rounded(e3nn_tp: torch.nn.Module) -> bool:

@@ -10,6 +10,13 @@ Semantics follow e3nn's ``o3.TensorProduct`` exactly: for each path (instruction
     uvw: out[z, w, k] += path_weight * sum_{u,v,i,j} w[z, u, v, w] * C[i,j,k] * x1[z, u, i] * x2[z, v, j]
     uuu: out[z, u, k] += path_weight * sum_{i,j} w[z, u]        * C[i,j,k] * x1[z, u, i] * x2[z, u, j]
     uuw: out[z, w, k] += path_weight * sum_{u,i,j} w[z, u, w]     * C[i,j,k] * x1[z, u, i] * x2[z, u, j]
+    uvv: out[z, v, k] += path_weight * sum_{u,i,j} w[z, u, v]     * C[i,j,k] * x1[z, u, i] * x2[z, v, j]
+    uvuv: out[z, (u,v), k] += path_weight * sum_{i,j} w[z, u, v]  * C[i,j,k] * x1[z, u, i] * x2[z, v, j]
+    uvu<v: out[z, q, k] += path_weight * sum_{i,j} w[z, q]        * C[i,j,k] * x1[z, u_q, i] * x2[z, v_q, j]
+    u<vw: out[z, w, k] += path_weight * sum_{q,i,j} w[z, q, w]    * C[i,j,k] * x1[z, u_q, i] * x2[z, v_q, j]
+
+where (u_q, v_q) runs over the pairs u < v in row-major order (``torch.triu_indices(mul, mul, 1)``, as
+e3nn), ``(u,v)`` is the output channel u * mul2 + v, and a path without weights takes weights of ones.
 
 with the weights of all weighted paths concatenated in instruction order, each flattened row-major
 from ``weight_shape`` - e3nn's own layout, so model weights are used as they are.
@@ -26,7 +33,9 @@ from .e3nn_compat import o3
 # Irrep as (mul, l, parity), parity +1 (even, "e") or -1 (odd, "o").
 Irrep = tuple[int, int, int]
 
-SUPPORTED_MODES = ("uvu", "uvw", "uuu", "uuw")
+SUPPORTED_MODES = ("uvu", "uvw", "uuu", "uuw", "uvv", "uvuv", "uvu<v", "u<vw")
+# Modes whose channels are the pairs u < v of one irrep with itself (TensorSquare's).
+PAIR_MODES = ("uvu<v", "u<vw")
 # CG entries below this (relative to the largest) are round-off of e3nn's change of basis, not structure.
 CG_ZERO_TOLERANCE = 1e-12
 
@@ -137,7 +146,7 @@ def cg_nonzeros(l1: int, l2: int, l3: int) -> tuple[tuple[int, int, int, float],
 
 
 def from_e3nn(tp) -> TPProblem:
-    """Describe an instance of e3nn's ``o3.TensorProduct`` (any subclass: FullyConnected..., etc.)."""
+    """Describe an instance of e3nn's ``o3.TensorProduct`` (any subclass: FullyConnected..., TensorSquare, ...)."""
     in1, in2, out = parse_irreps(tp.irreps_in1), parse_irreps(tp.irreps_in2), parse_irreps(tp.irreps_out)
     paths, offset = [], 0
     for ins in tp.instructions:

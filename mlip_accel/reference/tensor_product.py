@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import torch
 
-from ..problem import TPProblem
+from ..problem import PAIR_MODES, TPProblem
 
-# Index labels of (weight, x1, x2, out) per connection mode; "z" is the batch (edge) index.
+# Index labels of (weight, x1, x2, out) per connection mode; "z" is the batch (edge) index. The pair
+# modes see x1 and x2 gathered onto the pairs q = (u < v) (see _pair_index), so they read like uuu/uuw.
 _MODE_LABELS = {
     "uvu": ("zuv", "zui", "zvj", "zuk"),
     "uvw": ("zuvw", "zui", "zvj", "zwk"),
     "uuu": ("zu", "zui", "zuj", "zuk"),
     "uuw": ("zuw", "zui", "zuj", "zwk"),
+    "uvv": ("zuv", "zui", "zvj", "zvk"),
+    "uvuv": ("zuv", "zui", "zvj", "zuvk"),
+    "uvu<v": ("zq", "zqi", "zqj", "zqk"),
+    "u<vw": ("zqw", "zqi", "zqj", "zwk"),
 }
 
 _CG_CACHE: dict[tuple, torch.Tensor] = {}
@@ -35,6 +40,18 @@ def _dense_cg(problem: TPProblem, p: int, dtype, device) -> torch.Tensor:
     return c
 
 
+_PAIR_CACHE: dict[tuple, torch.Tensor] = {}
+
+
+def _pair_index(mul: int, device) -> torch.Tensor:
+    """(2, mul * (mul - 1) / 2) channel pairs u < v, in e3nn's order (``torch.triu_indices(mul, mul, 1)``)."""
+    key = (mul, str(device))
+    t = _PAIR_CACHE.get(key)
+    if t is None:
+        t = _PAIR_CACHE[key] = torch.triu_indices(mul, mul, 1, device=device)
+    return t
+
+
 def _path_operands(problem: TPProblem, p: int, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
     """(weight, x1, x2) views of path p; a path without weights gets a weight of ones."""
     path = problem.paths[p]
@@ -44,6 +61,9 @@ def _path_operands(problem: TPProblem, p: int, x: torch.Tensor, y: torch.Tensor,
     o1, o2 = problem.offsets_in1[path.i_in1], problem.offsets_in2[path.i_in2]
     x1 = x[:, o1:o1 + mul1 * (2 * l1 + 1)].reshape(batch, mul1, 2 * l1 + 1)
     x2 = y[:, o2:o2 + mul2 * (2 * l2 + 1)].reshape(batch, mul2, 2 * l2 + 1)
+    if path.mode in PAIR_MODES:
+        pairs = _pair_index(mul1, x.device)
+        x1, x2 = x1[:, pairs[0]], x2[:, pairs[1]]
     if path.has_weight:
         wp = w[..., path.weight_offset:path.weight_offset + path.weight_numel]
         wp = wp.reshape(path.weight_shape) if problem.shared_weights else wp.reshape(batch, *path.weight_shape)
@@ -75,7 +95,25 @@ def _contract(operands, out: str) -> torch.Tensor:
 def _out_slice(problem: TPProblem, path, z: torch.Tensor):
     mul, l, _ = problem.irreps_out[path.i_out]
     o = problem.offsets_out[path.i_out]
+    if path.mode == "uvuv":  # output channel (u, v) = u * mul2 + v
+        mul1, mul2 = problem.irreps_in1[path.i_in1][0], problem.irreps_in2[path.i_in2][0]
+        return z[:, o:o + mul * (2 * l + 1)].view(z.shape[0], mul1, mul2, 2 * l + 1)
     return z[:, o:o + mul * (2 * l + 1)].view(z.shape[0], mul, 2 * l + 1)
+
+
+def _add_input_grad(problem: TPProblem, path, side: int, grad: torch.Tensor, g: torch.Tensor) -> None:
+    """grad[:, slice of input ``side`` (1 or 2) of path] += g, g of shape (batch, channels, 2l+1).
+
+    The pair modes' g is per pair q = (u < v): it goes back onto channel u (side 1) or v (side 2).
+    """
+    i_in = path.i_in1 if side == 1 else path.i_in2
+    mul, l, _ = (problem.irreps_in1 if side == 1 else problem.irreps_in2)[i_in]
+    o = (problem.offsets_in1 if side == 1 else problem.offsets_in2)[i_in]
+    target = grad[:, o:o + mul * (2 * l + 1)].view(grad.shape[0], mul, 2 * l + 1)
+    if path.mode in PAIR_MODES:
+        target.index_add_(1, _pair_index(problem.irreps_in1[path.i_in1][0], g.device)[side - 1], g)
+    else:
+        target += g
 
 
 def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -93,20 +131,15 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
     gx = torch.zeros_like(x) if need[0] else None
     gy = torch.zeros_like(y) if need[1] else None
     gw = torch.zeros_like(w) if need[2] else None
-    batch = x.shape[0]
     for p, path in enumerate(problem.paths):
         wp, x1, x2 = _path_operands(problem, p, x, y, w)
         lw, la, lb, lo = _labels(problem, path.mode)
         cg = _dense_cg(problem, p, x.dtype, x.device)
         g = _out_slice(problem, path, grad_z)
         if gx is not None:
-            o = problem.offsets_in1[path.i_in1]
-            n = x1.shape[1] * x1.shape[2]
-            gx[:, o:o + n] += _contract([(x2, lb), (cg, "ijk"), (g, lo), (wp, lw)], la).reshape(batch, n)
+            _add_input_grad(problem, path, 1, gx, _contract([(x2, lb), (cg, "ijk"), (g, lo), (wp, lw)], la))
         if gy is not None:
-            o = problem.offsets_in2[path.i_in2]
-            n = x2.shape[1] * x2.shape[2]
-            gy[:, o:o + n] += _contract([(x1, la), (cg, "ijk"), (g, lo), (wp, lw)], lb).reshape(batch, n)
+            _add_input_grad(problem, path, 2, gy, _contract([(x1, la), (cg, "ijk"), (g, lo), (wp, lw)], lb))
         if gw is not None and path.has_weight:
             gwp = _contract([(x1, la), (x2, lb), (cg, "ijk"), (g, lo)], lw)
             sl = slice(path.weight_offset, path.weight_offset + path.weight_numel)

@@ -8,8 +8,9 @@ It registers the model modifier ``enable_MlipAccel``; in a training config::
         - modifier: enable_MlipAccel
       model: {...}
 
-To fine-tune a packaged model with the modifier, load it with this module's ``ModelFromPackage`` (nequip's
-own loader builds it from the package's copy of nequip, which does not carry the modifier).
+The modifier also works on packaged models (``_target_: nequip.model.ModelFromPackage`` under
+``nequip.model.modify``): the package's own copy of nequip gets it when nequip looks modifiers up. This
+module's ``ModelFromPackage`` (same arguments) does the same explicitly and stays for existing configs.
 For inference use ``mlip_accel.accelerate(model_or_calculator)``. ``example/`` holds a training config
 and the script that generates its dataset.
 """

@@ -1,7 +1,8 @@
 """Model loaders for nequip-train configs that fine-tune a packaged model with ``enable_MlipAccel``.
 
-In a config, replace ``_target_: nequip.model.ModelFromPackage`` by
-``_target_: mlip_accel.integrations.nequip.ModelFromPackage`` (same arguments) under ``nequip.model.modify``.
+nequip's own ``nequip.model.ModelFromPackage`` works too (see modifier._offer_on_package_copies); this
+loader, ``_target_: mlip_accel.integrations.nequip.ModelFromPackage`` (same arguments), stays for configs
+written for it.
 """
 from __future__ import annotations
 
