@@ -23,6 +23,6 @@ def accelerate(obj, **kwargs):
     return _accelerate(obj, **kwargs)
 
 
-__all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "BackendUnavailable",
+__all__ = ["__version__", "EdgeGraph", "sort_edges", "TensorProduct", "TensorProductConv", "TensorSquare", "BackendUnavailable",
            "cuda_unavailable_reason", "accelerate", "describe", "NotAcceleratable",
            "ParityCheckFailed"]
