@@ -265,6 +265,9 @@ def test_mace_compile_mode_with_padding_matches_plain():
 
     The accelerated ops trace through torch.compile (fake tensors, no graph break on our side) and the padded
     batch gives the plain compiled wrapper's numbers. Energies are also checked against the eager wrapper.
+    On the CPU (torch 2.13, mace-torch 0.3.16) the compiled wrapper returns zero forces and stresses for the
+    plain model too (an upstream issue, not ours): there only energies are a real check, forces/stresses are
+    compared as the wrapper returns them. The GPU benchmark runs the compiled path with real forces.
     """
     plain = mace_model(torch.float64)
     acc = _accelerated_copy(plain)
