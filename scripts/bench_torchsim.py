@@ -1,0 +1,296 @@
+#!/usr/bin/env python
+"""TorchSim batched MD throughput: NVT Langevin steps through each framework's own TorchSim wrapper, e3nn vs
+mlip_accel vs the wrapper's cuEquivariance / OpenEquivariance option, in atom-steps per second.
+
+Batches: 64 systems of 64 atoms and 8 systems of 1000 atoms (rattled diamond carbon, 6 A cutoff). Models (random
+weights, seeded), the ones of scripts/bench_md.py: ScaleShiftMACE of MACE-MP-0 medium size through
+``mace.calculators.mace_torchsim.MaceTorchSimModel`` (enable_cueq / enable_oeq for the peers), and NequIP of
+OAM-L size through ``nequip.integrations.torchsim.NequIPTorchSimCalc`` (nequip's enable_CuEquivariance /
+enable_OpenEquivariance modifiers for the peers). mlip_accel: ``mlip_accel.accelerate(model, backend="cuda")``
+and the model passed to the same wrapper.
+
+A measurement is ``ts.integrate(nvt_langevin, n_steps)`` after a warm-up call: wall time of the whole call
+(neighbour list, model, integrator; one extra model call for the integrator's init), synchronised.
+Each case also records peak GPU memory and the first evaluation's energies against e3nn's.
+
+On the GPU machine (Python 3.12, no network; wheels from scripts/fetch_device_wheels.sh):
+
+    source scripts/device_env.sh
+    py_mace scripts/bench_torchsim.py --out $OUT      # runs both frameworks (each in its own environment)
+    py_mace scripts/bench_torchsim.py --framework mace --quick --out $OUT    # one framework, small
+
+Writes bench_torchsim.json and bench_torchsim.md to --out (a folder; default benchmarks/).
+NequIP's wrapper builds its neighbour list with nequip's transforms: on the GPU with nvalchemiops (warp) where
+installed, else with vesin on the CPU (the device run carries no warp: its wheel is larger than a call may
+carry); the backend used is recorded. MACE's wrapper uses torch_sim's own neighbour list.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+FRAMEWORKS = ("mace", "nequip")
+IMPLS = ("e3nn", "mlip_accel", "cueq", "oeq")
+LABELS = {"e3nn": "e3nn", "mlip_accel": "mlip_accel", "cueq": "cuEquivariance", "oeq": "OpenEquivariance"}
+# (name, systems, diamond cells per axis): 2^3 * 8 = 64 atoms, 5^3 * 8 = 1000 atoms
+BATCHES = (("64x64", 64, 2), ("8x1000", 8, 5))
+QUICK_BATCHES = (("8x64", 8, 2), ("2x1000", 2, 5))
+BENCH_DIR = os.path.join(ROOT, "benchmarks")
+TEMPERATURE_K = 300.0
+TIMESTEP_PS = 0.0005
+
+
+class Unavailable(Exception):
+    """This implementation cannot run here; the message says why."""
+
+
+def batch_frames(systems: int, cells: int, seed: int = 0):
+    from ase.build import bulk
+
+    frames = []
+    for i in range(systems):
+        atoms = bulk("C", "diamond", a=3.567, cubic=True).repeat(cells)
+        atoms.rattle(stdev=0.02, seed=seed + i)
+        frames.append(atoms)
+    return frames
+
+
+# ------------------------------------------------------------------------------------------------ wrappers
+
+def nequip_neighbor_backend() -> str:
+    try:
+        import nvalchemiops  # noqa: F401
+        return "alchemiops"
+    except ImportError:
+        return "vesin"
+
+
+def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: torch.device):
+    """The framework's TorchSim wrapper around ``impl``'s version of ``base``; raises Unavailable with a reason."""
+    model = copy.deepcopy(base)
+    if framework == "mace":
+        from mace.calculators.mace_torchsim import MaceTorchSimModel
+
+        kwargs = {}
+        if impl == "mlip_accel":
+            import mlip_accel
+
+            if mlip_accel.cuda_unavailable_reason() is not None:
+                raise Unavailable(mlip_accel.cuda_unavailable_reason())
+            mlip_accel.accelerate(model.to(device), backend="cuda")
+        elif impl in ("cueq", "oeq"):
+            kwargs = {f"enable_{impl}": True}
+        try:
+            return MaceTorchSimModel(model, device=device, dtype=dtype, **kwargs)
+        except ImportError as err:
+            raise Unavailable(f"{type(err).__name__}: {err}") from err
+
+    from nequip.integrations.torchsim import NequIPTorchSimCalc
+    from nequip.integrations.utils import basic_transforms, handle_chemical_species_map
+
+    if impl == "mlip_accel":
+        import mlip_accel
+
+        if mlip_accel.cuda_unavailable_reason() is not None:
+            raise Unavailable(mlip_accel.cuda_unavailable_reason())
+        model = model.to(device)
+        mlip_accel.accelerate(model, backend="cuda")
+    elif impl in ("cueq", "oeq"):
+        import nequip.model
+
+        name = {"cueq": "enable_CuEquivariance", "oeq": "enable_OpenEquivariance"}[impl]
+        try:
+            model = nequip.model.modify(model, [{"modifier": name}])
+        except ImportError as err:
+            raise Unavailable(f"{type(err).__name__}: {err}") from err
+    model = model.to(device).eval()
+    type_names = model.metadata["type_names"].split(" ")
+    transforms = basic_transforms(model.metadata, float(model.metadata["r_max"]), type_names,
+                                  handle_chemical_species_map(True, type_names),
+                                  neighborlist_backend=nequip_neighbor_backend())
+    return NequIPTorchSimCalc(model, device=device, transforms=transforms)
+
+
+def build_model(framework: str, dtype: torch.dtype):
+    import bench_md
+
+    return bench_md.build_mace(dtype) if framework == "mace" else bench_md.build_nequip(dtype)
+
+
+# ------------------------------------------------------------------------------------------------ timing
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_integrate(wrapper, frames, dtype, device, steps: int, min_seconds: float, max_reps: int) -> dict:
+    import torch_sim as ts
+
+    def run(n):
+        state = ts.io.atoms_to_state(frames, device=device, dtype=dtype)
+        state.rng = 0
+        return ts.integrate(system=state, model=wrapper, integrator=ts.Integrator.nvt_langevin, n_steps=n,
+                            temperature=TEMPERATURE_K, timestep=TIMESTEP_PS)
+
+    run(2)  # warm-up: kernels compiled/loaded, caches filled
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_reps and (not times or time.perf_counter() - start < min_seconds):
+        t0 = time.perf_counter()
+        final = run(steps)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    n_atoms = sum(len(a) for a in frames)
+    best = min(times)
+    return {"steps": steps, "reps": len(times), "seconds": best, "atom_steps_per_s": n_atoms * steps / best,
+            "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None,
+            "finite": bool(torch.isfinite(final.positions).all())}
+
+
+def first_energies(wrapper, frames, dtype, device) -> torch.Tensor:
+    import torch_sim as ts
+
+    return wrapper(ts.io.atoms_to_state(frames, device=device, dtype=dtype))["energy"].detach().double().cpu()
+
+
+def run_framework(args) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    batches = QUICK_BATCHES if args.quick else BATCHES
+    result = {"framework": args.framework, "device": torch.cuda.get_device_name() if device.type == "cuda" else
+              "cpu", "torch": torch.__version__, "cases": []}
+    if args.framework == "nequip":
+        result["nequip_neighbor_list"] = nequip_neighbor_backend()
+    t_start = time.perf_counter()
+    for dtype_name in args.dtypes:
+        dtype = getattr(torch, dtype_name)
+        base = build_model(args.framework, dtype)
+        for batch_name, systems, cells in batches:
+            frames = batch_frames(systems, cells)
+            reference = None
+            for impl in args.impls:
+                case = {"dtype": dtype_name, "batch": batch_name, "systems": systems,
+                        "atoms": sum(len(a) for a in frames), "impl": impl}
+                if time.perf_counter() - t_start > args.time_budget:
+                    case["status"] = "skipped: time budget"
+                else:
+                    try:
+                        wrapper = make_wrapper(args.framework, impl, base, dtype, device)
+                        energies = first_energies(wrapper, frames, dtype, device)
+                        if impl == "e3nn":
+                            reference = energies
+                        elif reference is not None:
+                            case["energy_rel_err_vs_e3nn"] = float(
+                                (energies - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+                        case.update(time_integrate(wrapper, frames, dtype, device, args.steps, args.min_seconds,
+                                                   args.max_reps))
+                        case["status"] = "ok"
+                        del wrapper
+                    except Unavailable as err:
+                        case["status"] = f"unavailable: {err}"
+                    except Exception as err:  # noqa: BLE001 - one failing peer must not lose the others' numbers
+                        case["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:300]}"
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                print(json.dumps(case), flush=True)
+                result["cases"].append(case)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def markdown(results: list) -> str:
+    lines = ["# TorchSim batched NVT throughput (atom-steps/s, higher is better)", ""]
+    for res in results:
+        lines.append(f"## {res['framework']} on {res['device']} (torch {res['torch']})")
+        if res.get("nequip_neighbor_list"):
+            lines.append(f"NequIP neighbour list: {res['nequip_neighbor_list']}.")
+        lines += ["", "| dtype | batch | " + " | ".join(LABELS[i] for i in IMPLS) + " | mlip_accel / e3nn | "
+                  "mlip_accel / best peer |", "|" + "---|" * (len(IMPLS) + 4)]
+        keys = sorted({(c["dtype"], c["batch"]) for c in res["cases"]}, key=lambda k: (k[0], k[1]))
+        for dtype, batch in keys:
+            rate = {c["impl"]: c.get("atom_steps_per_s") for c in res["cases"]
+                    if c["dtype"] == dtype and c["batch"] == batch}
+            status = {c["impl"]: c["status"] for c in res["cases"] if c["dtype"] == dtype and c["batch"] == batch}
+            cells = [f"{rate[i]:.3g}" if rate.get(i) else status.get(i, "-").split(":")[0] for i in IMPLS]
+            acc, e3nn = rate.get("mlip_accel"), rate.get("e3nn")
+            peers = [rate[i] for i in ("cueq", "oeq") if rate.get(i)]
+            vs_e3nn = f"{acc / e3nn:.2f}x" if acc and e3nn else "-"
+            vs_peer = f"{acc / max(peers):.2f}x" if acc and peers else "-"
+            lines.append(f"| {dtype} | {batch} | " + " | ".join(cells) + f" | {vs_e3nn} | {vs_peer} |")
+        lines.append("")
+    lines.append("Statuses other than ok are in bench_torchsim.json (unavailable/error with the reason).")
+    return "\n".join(lines) + "\n"
+
+
+def _env_for(framework: str) -> dict:
+    env = dict(os.environ)
+    path = os.environ.get(f"MLIP_PYTHONPATH_{framework.upper()}")
+    if path:
+        env["PYTHONPATH"] = path
+    if framework == "mace":
+        env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    return env
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--framework", choices=FRAMEWORKS, help="run one framework here (default: both, each in "
+                        "its own environment from scripts/device_env.sh)")
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float64"), default=["float32"])
+    parser.add_argument("--steps", type=int, default=20, help="NVT steps per timed integrate call")
+    parser.add_argument("--min-seconds", type=float, default=2.0)
+    parser.add_argument("--max-reps", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help=f"small batches {[b[0] for b in QUICK_BATCHES]}")
+    parser.add_argument("--time-budget", type=float, default=240.0, help="seconds per framework")
+    parser.add_argument("--out", default=os.environ.get("OUT") or BENCH_DIR, help="output folder")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+
+    if args.framework:
+        result = run_framework(args)
+        with open(os.path.join(args.out, f"bench_torchsim.{args.framework}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        return 0
+
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    results = []
+    for framework in FRAMEWORKS:
+        cmd = [sys.executable, os.path.abspath(__file__), "--framework", framework, *passthrough]
+        print(f"=== {framework}: {' '.join(cmd)}", flush=True)
+        rc = subprocess.call(cmd, env=_env_for(framework))
+        part = os.path.join(args.out, f"bench_torchsim.{framework}.json")
+        if rc != 0 or not os.path.exists(part):
+            results.append({"framework": framework, "device": "?", "torch": "?", "cases": [],
+                            "error": f"exit code {rc}"})
+            continue
+        with open(part) as f:
+            results.append(json.load(f))
+    with open(os.path.join(args.out, "bench_torchsim.json"), "w") as f:
+        json.dump({"batches": [b[0] for b in (QUICK_BATCHES if args.quick else BATCHES)], "results": results},
+                  f, indent=1)
+    text = markdown(results)
+    with open(os.path.join(args.out, "bench_torchsim.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
