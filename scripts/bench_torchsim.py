@@ -20,9 +20,11 @@ On the GPU machine (Python 3.12, no network; wheels from scripts/fetch_device_wh
     py_mace scripts/bench_torchsim.py --framework mace --quick --out $OUT    # one framework, small
 
 Writes bench_torchsim.json and bench_torchsim.md to --out (a folder; default benchmarks/).
-NequIP's wrapper builds its neighbour list with nequip's transforms: on the GPU with nvalchemiops (warp) where
-installed, else with vesin on the CPU (the device run carries no warp: its wheel is larger than a call may
-carry); the backend used is recorded. MACE's wrapper uses torch_sim's own neighbour list.
+Neighbour lists: MACE's wrapper builds them with torch_sim's ``torchsim_nl``. NequIP's wrapper runs nequip's
+transforms, whose only GPU neighbour list needs nvalchemiops (warp), which the device run cannot carry (its
+wheel is larger than a call may carry): without it nequip builds each system's list on the CPU, so by default
+(``--nequip-nl torchsim``) its neighbour-list transform is replaced by torch_sim's, as MACE's wrapper uses it;
+``--nequip-nl nequip`` keeps nequip's. Either way every implementation of a framework sees the same lists.
 """
 from __future__ import annotations
 
@@ -77,7 +79,48 @@ def nequip_neighbor_backend() -> str:
         return "vesin"
 
 
-def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: torch.device):
+def accelerated(model, device: torch.device):
+    import mlip_accel
+
+    # on a machine without CUDA (the CPU smoke test) the reference backend stands in
+    backend = "cuda" if device.type == "cuda" else "reference"
+    if backend == "cuda" and mlip_accel.cuda_unavailable_reason() is not None:
+        raise Unavailable(mlip_accel.cuda_unavailable_reason())
+    model = model.to(device)
+    mlip_accel.accelerate(model, backend=backend)
+    return model
+
+
+class TorchSimNeighborList(torch.nn.Module):
+    """A nequip data transform: the batch's neighbour list from torch_sim's ``torchsim_nl`` (on the model's
+    device, as MACE's wrapper builds it), instead of nequip's per-system CPU lists where nvalchemiops is
+    missing. Positions are wrapped into the cell first, as MACE's wrapper does (a lattice translation: same
+    energies and forces). Edge convention as nequip's: vector = pos[j] - pos[i] + shift @ cell, (i, j) = edge."""
+
+    def __init__(self, r_max: float):
+        super().__init__()
+        self.r_max = r_max
+
+    def forward(self, data: dict) -> dict:
+        import torch_sim as ts
+        from nequip.data import AtomicDataDict as K
+        from torch_sim.neighbors import torchsim_nl
+
+        data = dict(data)
+        pos, cell, batch = data[K.POSITIONS_KEY], data[K.CELL_KEY], data[K.BATCH_KEY]
+        pbc = data[K.PBC_KEY][0]
+        if bool(pbc.any()):
+            pos = ts.transforms.pbc_wrap_batched(pos, cell.transpose(-1, -2), batch, pbc)
+            data[K.POSITIONS_KEY] = pos
+        cutoff = torch.as_tensor(self.r_max, dtype=pos.dtype, device=pos.device)
+        mapping, _, unit_shifts = torchsim_nl(pos, cell, pbc, cutoff, batch)
+        data[K.EDGE_INDEX_KEY] = mapping
+        data[K.EDGE_CELL_SHIFT_KEY] = unit_shifts.to(pos.dtype)
+        return data
+
+
+def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: torch.device,
+                 nequip_nl: str = "torchsim"):
     """The framework's TorchSim wrapper around ``impl``'s version of ``base``; raises Unavailable with a reason."""
     model = copy.deepcopy(base)
     if framework == "mace":
@@ -85,12 +128,10 @@ def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: to
 
         kwargs = {}
         if impl == "mlip_accel":
-            import mlip_accel
-
-            if mlip_accel.cuda_unavailable_reason() is not None:
-                raise Unavailable(mlip_accel.cuda_unavailable_reason())
-            mlip_accel.accelerate(model.to(device), backend="cuda")
+            model = accelerated(model, device)
         elif impl in ("cueq", "oeq"):
+            if device.type != "cuda":
+                raise Unavailable(f"{impl} runs on CUDA only")
             kwargs = {f"enable_{impl}": True}
         try:
             return MaceTorchSimModel(model, device=device, dtype=dtype, **kwargs)
@@ -101,13 +142,10 @@ def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: to
     from nequip.integrations.utils import basic_transforms, handle_chemical_species_map
 
     if impl == "mlip_accel":
-        import mlip_accel
-
-        if mlip_accel.cuda_unavailable_reason() is not None:
-            raise Unavailable(mlip_accel.cuda_unavailable_reason())
-        model = model.to(device)
-        mlip_accel.accelerate(model, backend="cuda")
+        model = accelerated(model, device)
     elif impl in ("cueq", "oeq"):
+        if device.type != "cuda":
+            raise Unavailable(f"{impl} runs on CUDA only")
         import nequip.model
 
         name = {"cueq": "enable_CuEquivariance", "oeq": "enable_OpenEquivariance"}[impl]
@@ -120,13 +158,43 @@ def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: to
     transforms = basic_transforms(model.metadata, float(model.metadata["r_max"]), type_names,
                                   handle_chemical_species_map(True, type_names),
                                   neighborlist_backend=nequip_neighbor_backend())
+    if nequip_nl == "torchsim":  # keep nequip's type mapping, swap its neighbour list for torch_sim's
+        transforms = [t for t in transforms if type(t).__name__ != "NeighborListTransform"]
+        transforms.append(TorchSimNeighborList(float(model.metadata["r_max"])))
     return NequIPTorchSimCalc(model, device=device, transforms=transforms)
 
 
-def build_model(framework: str, dtype: torch.dtype):
+def build_model(framework: str, dtype: torch.dtype, tiny: bool = False):
     import bench_md
 
-    return bench_md.build_mace(dtype) if framework == "mace" else bench_md.build_nequip(dtype)
+    if not tiny:
+        return bench_md.build_mace(dtype) if framework == "mace" else bench_md.build_nequip(dtype)
+    # --tiny (CPU smoke test): the same builders' families, a few channels
+    if framework == "mace":
+        import numpy as np
+        from e3nn import o3
+        from mace import modules
+
+        def make():
+            torch.manual_seed(0)
+            return modules.ScaleShiftMACE(
+                r_max=6.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=2,
+                interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+                interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
+                num_interactions=2, num_elements=1, hidden_irreps=o3.Irreps("4x0e+4x1o"), MLP_irreps=o3.Irreps("4x0e"),
+                gate=torch.nn.functional.silu, atomic_energies=np.zeros(1), avg_num_neighbors=61.0,
+                atomic_numbers=[6], correlation=2, radial_MLP=[8], atomic_inter_scale=1.0, atomic_inter_shift=0.0)
+
+        return bench_md._with_default_dtype(dtype, make).eval()
+    from nequip.utils.global_state import set_global_state
+
+    set_global_state()
+    import nequip.model
+
+    return nequip.model.NequIPGNNModel(
+        seed=0, model_dtype=str(dtype).removeprefix("torch."), type_names=["C"], r_max=6.0, l_max=1, num_layers=2,
+        num_features=4, radial_mlp_depth=1, radial_mlp_width=8, avg_num_neighbors=158.0,
+        per_type_energy_shifts={"C": 0.0}, per_type_energy_scales={"C": 1.0}).eval()
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -169,17 +237,28 @@ def first_energies(wrapper, frames, dtype, device) -> torch.Tensor:
     return wrapper(ts.io.atoms_to_state(frames, device=device, dtype=dtype))["energy"].detach().double().cpu()
 
 
+def selected_batches(args) -> tuple:
+    if args.batches:
+        out = []
+        for text in args.batches:
+            systems, cells = (int(v) for v in text.split("x"))
+            out.append((f"{systems}x{8 * cells ** 3}", systems, cells))
+        return tuple(out)
+    return QUICK_BATCHES if args.quick else BATCHES
+
+
 def run_framework(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    batches = QUICK_BATCHES if args.quick else BATCHES
+    batches = selected_batches(args)
     result = {"framework": args.framework, "device": torch.cuda.get_device_name() if device.type == "cuda" else
               "cpu", "torch": torch.__version__, "cases": []}
     if args.framework == "nequip":
-        result["nequip_neighbor_list"] = nequip_neighbor_backend()
+        result["nequip_neighbor_list"] = ("torch_sim torchsim_nl" if args.nequip_nl == "torchsim" else
+                                          f"nequip's transform ({nequip_neighbor_backend()})")
     t_start = time.perf_counter()
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
-        base = build_model(args.framework, dtype)
+        base = build_model(args.framework, dtype, args.tiny)
         for batch_name, systems, cells in batches:
             frames = batch_frames(systems, cells)
             reference = None
@@ -190,7 +269,7 @@ def run_framework(args) -> dict:
                     case["status"] = "skipped: time budget"
                 else:
                     try:
-                        wrapper = make_wrapper(args.framework, impl, base, dtype, device)
+                        wrapper = make_wrapper(args.framework, impl, base, dtype, device, args.nequip_nl)
                         energies = first_energies(wrapper, frames, dtype, device)
                         if impl == "e3nn":
                             reference = energies
@@ -258,6 +337,11 @@ def main(argv=None) -> int:
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--max-reps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help=f"small batches {[b[0] for b in QUICK_BATCHES]}")
+    parser.add_argument("--batches", nargs="+", metavar="SYSTEMSxCELLS",
+                        help="batches instead of the default ones: e.g. 64x2 = 64 systems of 2^3 diamond cells")
+    parser.add_argument("--tiny", action="store_true", help="tiny models (CPU smoke test), not the bench sizes")
+    parser.add_argument("--nequip-nl", choices=("torchsim", "nequip"), default="torchsim",
+                        help="NequIP neighbour list: torch_sim's on the GPU (default) or nequip's own transform")
     parser.add_argument("--time-budget", type=float, default=240.0, help="seconds per framework")
     parser.add_argument("--out", default=os.environ.get("OUT") or BENCH_DIR, help="output folder")
     args = parser.parse_args(argv)
@@ -283,7 +367,7 @@ def main(argv=None) -> int:
         with open(part) as f:
             results.append(json.load(f))
     with open(os.path.join(args.out, "bench_torchsim.json"), "w") as f:
-        json.dump({"batches": [b[0] for b in (QUICK_BATCHES if args.quick else BATCHES)], "results": results},
+        json.dump({"batches": [b[0] for b in selected_batches(args)], "results": results},
                   f, indent=1)
     text = markdown(results)
     with open(os.path.join(args.out, "bench_torchsim.md"), "w") as f:

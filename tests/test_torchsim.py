@@ -316,3 +316,49 @@ def test_autobatcher_memory_estimate_sees_accelerated_buffers():
     assert pool.total_bytes() == 0, f"CuPy's pool holds {pool.total_bytes()} bytes: a buffer bypassed torch"
     # at least the node features of one layer in and out (x, out) and the edge inputs (y, w) are counted
     assert peak_gb * 1024 ** 3 > state.n_atoms * 32 * 8 * 2
+
+
+# --- scripts/bench_torchsim.py on the CPU -----------------------------------------------------------------
+
+def _bench_module():
+    import importlib
+    import os
+    import sys
+
+    scripts = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    return importlib.import_module("bench_torchsim")
+
+
+@pytest.mark.nequip
+@pytest.mark.parametrize("frames", [periodic_batch, cluster_batch], ids=["periodic", "clusters"])
+def test_bench_nequip_neighbour_list_gives_nequips_numbers(frames):
+    """The benchmark swaps nequip's (CPU) neighbour-list transform for torch_sim's: same energies, forces, stress."""
+    import nequip_fixtures as F
+    from nequip.integrations.torchsim import NequIPTorchSimCalc
+
+    bench = _bench_module()
+    model = F.tiny_model()
+    state = to_state(frames(), torch.float64)
+    plain = nequip_calc(model)
+    swapped = NequIPTorchSimCalc(model, device=CPU, transforms=[
+        t for t in plain.transforms if type(t).__name__ != "NeighborListTransform"] + [
+        bench.TorchSimNeighborList(F.R_MAX)])
+    assert_same_per_system(swapped(state), plain(state), state, torch.float64)
+
+
+@pytest.mark.parametrize("framework", [pytest.param("nequip", marks=pytest.mark.nequip),
+                                       pytest.param("mace", marks=pytest.mark.mace)])
+def test_bench_torchsim_runs_on_cpu_and_reports(framework, tmp_path):
+    bench = _bench_module()
+    assert bench.main(["--framework", framework, "--tiny", "--batches", "2x1", "--steps", "1", "--max-reps", "1",
+                       "--min-seconds", "0", "--out", str(tmp_path)]) == 0
+    part = __import__("json").loads((tmp_path / f"bench_torchsim.{framework}.json").read_text())
+    status = {c["impl"]: c["status"] for c in part["cases"]}
+    assert status["e3nn"] == status["mlip_accel"] == "ok", status
+    assert status["cueq"].startswith("unavailable")  # CUDA only
+    acc = next(c for c in part["cases"] if c["impl"] == "mlip_accel")
+    assert acc["atom_steps_per_s"] > 0 and acc["energy_rel_err_vs_e3nn"] <= 1e-5
+    table = bench.markdown([part])
+    assert f"| float32 | 2x8 |" in table and "unavailable" in table
