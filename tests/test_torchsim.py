@@ -300,8 +300,8 @@ def test_autobatcher_memory_estimate_sees_accelerated_buffers():
     from nequip.integrations.utils import basic_transforms, handle_chemical_species_map
 
     cuda = torch.device("cuda")
-    plain = F.tiny_model(num_features=32)
-    acc = _accelerated_copy(plain).to(cuda)
+    acc = F.tiny_model(num_features=32).to(cuda)
+    mlip_accel.accelerate(acc, backend="cuda")
     type_names = acc.metadata["type_names"].split(" ")
     calc = NequIPTorchSimCalc(acc, device=cuda, transforms=basic_transforms(
         acc.metadata, float(acc.metadata["r_max"]), type_names, handle_chemical_species_map(True, type_names)))
