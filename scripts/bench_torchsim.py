@@ -20,10 +20,12 @@ On the GPU machine (Python 3.12, no network; wheels from scripts/fetch_device_wh
     py_mace scripts/bench_torchsim.py --framework mace --quick --out $OUT    # one framework, small
 
 Writes bench_torchsim.json and bench_torchsim.md to --out (a folder; default benchmarks/).
-Neighbour lists: MACE's wrapper builds them with torch_sim's ``torchsim_nl``. NequIP's wrapper runs nequip's
+Neighbour lists: MACE's wrapper builds them with the torch_sim function given (``--nl``: by default torch_sim's
+pure-PyTorch linked-cell list, on the GPU; ``torchsim_nl``'s own pick would be vesin on the CPU on the device,
+which has neither nvalchemiops nor vesin-torch). NequIP's wrapper runs nequip's
 transforms, whose only GPU neighbour list needs nvalchemiops (warp), which the device run cannot carry (its
 wheel is larger than a call may carry): without it nequip builds each system's list on the CPU, so by default
-(``--nequip-nl torchsim``) its neighbour-list transform is replaced by torch_sim's, as MACE's wrapper uses it;
+(``--nequip-nl torchsim``) its neighbour-list transform is replaced by the same torch_sim list MACE's gets;
 ``--nequip-nl nequip`` keeps nequip's. Either way every implementation of a framework sees the same lists.
 """
 from __future__ import annotations
@@ -91,20 +93,38 @@ def accelerated(model, device: torch.device):
     return model
 
 
+def neighbor_fn(name: str):
+    """torch_sim's neighbour list: "auto" = torchsim_nl (nvalchemiops > vesin-torch > vesin on the CPU > torch),
+    "torch" = its pure-PyTorch linked-cell list, which stays on the GPU with nothing extra installed."""
+    from torch_sim import neighbors
+
+    return neighbors.torchsim_nl if name == "auto" else neighbors.torch_nl_linked_cell
+
+
+def neighbor_fn_used(name: str) -> str:
+    from torch_sim import neighbors
+
+    if name == "torch":
+        return "torch_sim torch_nl_linked_cell (GPU)"
+    return "torch_sim torchsim_nl -> " + ("nvalchemiops" if neighbors.ALCHEMIOPS_AVAILABLE else "vesin-torch" if
+                                          neighbors.VESIN_TORCHSCRIPT_AVAILABLE else "vesin (CPU)" if
+                                          neighbors.VESIN_AVAILABLE else "torch_nl_linked_cell")
+
+
 class TorchSimNeighborList(torch.nn.Module):
     """A nequip data transform: the batch's neighbour list from torch_sim's ``torchsim_nl`` (on the model's
     device, as MACE's wrapper builds it), instead of nequip's per-system CPU lists where nvalchemiops is
     missing. Positions are wrapped into the cell first, as MACE's wrapper does (a lattice translation: same
     energies and forces). Edge convention as nequip's: vector = pos[j] - pos[i] + shift @ cell, (i, j) = edge."""
 
-    def __init__(self, r_max: float):
+    def __init__(self, r_max: float, nl: str = "auto"):
         super().__init__()
         self.r_max = r_max
+        self.nl = nl
 
     def forward(self, data: dict) -> dict:
         import torch_sim as ts
         from nequip.data import AtomicDataDict as K
-        from torch_sim.neighbors import torchsim_nl
 
         data = dict(data)
         pos, cell, batch = data[K.POSITIONS_KEY], data[K.CELL_KEY], data[K.BATCH_KEY]
@@ -113,14 +133,14 @@ class TorchSimNeighborList(torch.nn.Module):
             pos = ts.transforms.pbc_wrap_batched(pos, cell.transpose(-1, -2), batch, pbc)
             data[K.POSITIONS_KEY] = pos
         cutoff = torch.as_tensor(self.r_max, dtype=pos.dtype, device=pos.device)
-        mapping, _, unit_shifts = torchsim_nl(pos, cell, pbc, cutoff, batch)
+        mapping, _, unit_shifts = neighbor_fn(self.nl)(pos, cell, pbc, cutoff, batch)
         data[K.EDGE_INDEX_KEY] = mapping
         data[K.EDGE_CELL_SHIFT_KEY] = unit_shifts.to(pos.dtype)
         return data
 
 
 def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: torch.device,
-                 nequip_nl: str = "torchsim"):
+                 nequip_nl: str = "torchsim", nl: str = "auto"):
     """The framework's TorchSim wrapper around ``impl``'s version of ``base``; raises Unavailable with a reason."""
     model = copy.deepcopy(base)
     if framework == "mace":
@@ -134,7 +154,7 @@ def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: to
                 raise Unavailable(f"{impl} runs on CUDA only")
             kwargs = {f"enable_{impl}": True}
         try:
-            return MaceTorchSimModel(model, device=device, dtype=dtype, **kwargs)
+            return MaceTorchSimModel(model, device=device, dtype=dtype, neighbor_list_fn=neighbor_fn(nl), **kwargs)
         except ImportError as err:
             raise Unavailable(f"{type(err).__name__}: {err}") from err
 
@@ -160,7 +180,7 @@ def make_wrapper(framework: str, impl: str, base, dtype: torch.dtype, device: to
                                   neighborlist_backend=nequip_neighbor_backend())
     if nequip_nl == "torchsim":  # keep nequip's type mapping, swap its neighbour list for torch_sim's
         transforms = [t for t in transforms if type(t).__name__ != "NeighborListTransform"]
-        transforms.append(TorchSimNeighborList(float(model.metadata["r_max"])))
+        transforms.append(TorchSimNeighborList(float(model.metadata["r_max"]), nl))
     return NequIPTorchSimCalc(model, device=device, transforms=transforms)
 
 
@@ -252,9 +272,9 @@ def run_framework(args) -> dict:
     batches = selected_batches(args)
     result = {"framework": args.framework, "device": torch.cuda.get_device_name() if device.type == "cuda" else
               "cpu", "torch": torch.__version__, "cases": []}
-    if args.framework == "nequip":
-        result["nequip_neighbor_list"] = ("torch_sim torchsim_nl" if args.nequip_nl == "torchsim" else
-                                          f"nequip's transform ({nequip_neighbor_backend()})")
+    result["neighbor_list"] = neighbor_fn_used(args.nl)
+    if args.framework == "nequip" and args.nequip_nl == "nequip":
+        result["neighbor_list"] = f"nequip's transform ({nequip_neighbor_backend()})"
     t_start = time.perf_counter()
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
@@ -269,7 +289,7 @@ def run_framework(args) -> dict:
                     case["status"] = "skipped: time budget"
                 else:
                     try:
-                        wrapper = make_wrapper(args.framework, impl, base, dtype, device, args.nequip_nl)
+                        wrapper = make_wrapper(args.framework, impl, base, dtype, device, args.nequip_nl, args.nl)
                         energies = first_energies(wrapper, frames, dtype, device)
                         if impl == "e3nn":
                             reference = energies
@@ -297,8 +317,8 @@ def markdown(results: list) -> str:
     lines = ["# TorchSim batched NVT throughput (atom-steps/s, higher is better)", ""]
     for res in results:
         lines.append(f"## {res['framework']} on {res['device']} (torch {res['torch']})")
-        if res.get("nequip_neighbor_list"):
-            lines.append(f"NequIP neighbour list: {res['nequip_neighbor_list']}.")
+        if res.get("neighbor_list"):
+            lines.append(f"Neighbour list: {res['neighbor_list']}.")
         lines += ["", "| dtype | batch | " + " | ".join(LABELS[i] for i in IMPLS) + " | mlip_accel / e3nn | "
                   "mlip_accel / best peer |", "|" + "---|" * (len(IMPLS) + 4)]
         keys = sorted({(c["dtype"], c["batch"]) for c in res["cases"]}, key=lambda k: (k[0], k[1]))
@@ -324,6 +344,8 @@ def _env_for(framework: str) -> dict:
         env["PYTHONPATH"] = path
     if framework == "mace":
         env["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"
+    else:
+        env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     return env
 
 
@@ -340,9 +362,11 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", nargs="+", metavar="SYSTEMSxCELLS",
                         help="batches instead of the default ones: e.g. 64x2 = 64 systems of 2^3 diamond cells")
     parser.add_argument("--tiny", action="store_true", help="tiny models (CPU smoke test), not the bench sizes")
+    parser.add_argument("--nl", choices=("torch", "auto"), default="torch",
+                        help="torch_sim neighbour list: its pure-PyTorch one on the GPU (default) or torchsim_nl's pick")
     parser.add_argument("--nequip-nl", choices=("torchsim", "nequip"), default="torchsim",
                         help="NequIP neighbour list: torch_sim's on the GPU (default) or nequip's own transform")
-    parser.add_argument("--time-budget", type=float, default=240.0, help="seconds per framework")
+    parser.add_argument("--time-budget", type=float, default=200.0, help="seconds per framework")
     parser.add_argument("--out", default=os.environ.get("OUT") or BENCH_DIR, help="output folder")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

@@ -348,9 +348,11 @@ def _bench_module():
 
 
 @pytest.mark.nequip
+@pytest.mark.parametrize("nl", ["torch", "auto"])
 @pytest.mark.parametrize("frames", [periodic_batch, cluster_batch], ids=["periodic", "clusters"])
-def test_bench_nequip_neighbour_list_gives_nequips_numbers(frames):
-    """The benchmark swaps nequip's (CPU) neighbour-list transform for torch_sim's: same energies, forces, stress."""
+def test_bench_nequip_neighbour_list_gives_nequips_numbers(frames, nl):
+    """The benchmark swaps nequip's (CPU) neighbour-list transform for torch_sim's (its pure-torch list, or
+    torchsim_nl's pick): same energies, forces, stress."""
     import nequip_fixtures as F
     from nequip.integrations.torchsim import NequIPTorchSimCalc
 
@@ -360,7 +362,7 @@ def test_bench_nequip_neighbour_list_gives_nequips_numbers(frames):
     plain = nequip_calc(model)
     swapped = NequIPTorchSimCalc(model, device=CPU, transforms=[
         t for t in plain.transforms if type(t).__name__ != "NeighborListTransform"] + [
-        bench.TorchSimNeighborList(F.R_MAX)])
+        bench.TorchSimNeighborList(F.R_MAX, nl)])
     assert_same_per_system(swapped(state), plain(state), state, torch.float64)
 
 
