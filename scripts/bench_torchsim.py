@@ -317,6 +317,9 @@ def markdown(results: list) -> str:
     lines = ["# TorchSim batched NVT throughput (atom-steps/s, higher is better)", ""]
     for res in results:
         lines.append(f"## {res['framework']} on {res['device']} (torch {res['torch']})")
+        if res.get("error"):
+            lines += [f"Failed: {res['error']} (its log is in the run's output).", ""]
+            continue
         if res.get("neighbor_list"):
             lines.append(f"Neighbour list: {res['neighbor_list']}.")
         lines += ["", "| dtype | batch | " + " | ".join(LABELS[i] for i in IMPLS) + " | mlip_accel / e3nn | "
@@ -324,7 +327,7 @@ def markdown(results: list) -> str:
         keys = sorted({(c["dtype"], c["batch"]) for c in res["cases"]}, key=lambda k: (k[0], k[1]))
         for dtype, batch in keys:
             rate = {c["impl"]: c.get("atom_steps_per_s") for c in res["cases"]
-                    if c["dtype"] == dtype and c["batch"] == batch}
+                    if c["dtype"] == dtype and c["batch"] == batch and c["status"] == "ok"}
             status = {c["impl"]: c["status"] for c in res["cases"] if c["dtype"] == dtype and c["batch"] == batch}
             cells = [f"{rate[i]:.3g}" if rate.get(i) else status.get(i, "-").split(":")[0] for i in IMPLS]
             acc, e3nn = rate.get("mlip_accel"), rate.get("e3nn")

@@ -380,3 +380,37 @@ def test_bench_torchsim_runs_on_cpu_and_reports(framework, tmp_path):
     assert acc["atom_steps_per_s"] > 0 and acc["energy_rel_err_vs_e3nn"] <= 1e-5
     table = bench.markdown([part])
     assert f"| float32 | 2x8 |" in table and "unavailable" in table
+
+
+def test_bench_torchsim_runs_each_framework_in_its_environment_and_merges(tmp_path, monkeypatch):
+    """Without --framework the script starts one process per framework, with that framework's PYTHONPATH from
+    scripts/device_env.sh, and joins their parts; a framework that failed is reported, not lost."""
+    import json
+    import subprocess
+
+    bench = _bench_module()
+    calls = []
+    monkeypatch.setenv("MLIP_PYTHONPATH_MACE", "/site-mace")
+    monkeypatch.setenv("MLIP_PYTHONPATH_NEQUIP", "/site-nequip")
+
+    def fake_call(cmd, env):
+        framework = cmd[cmd.index("--framework") + 1]
+        calls.append((framework, env["PYTHONPATH"], env.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")))
+        if framework == "nequip":
+            return 1
+        case = {"dtype": "float32", "batch": "8x1000", "impl": "mlip_accel", "status": "ok", "atom_steps_per_s": 3e4}
+        (tmp_path / "bench_torchsim.mace.json").write_text(json.dumps(
+            {"framework": "mace", "device": "GPU", "torch": "2.x", "neighbor_list": "x",
+             "cases": [case, dict(case, impl="e3nn", atom_steps_per_s=1e4),
+                       dict(case, impl="cueq", atom_steps_per_s=2e4), dict(case, impl="oeq", status="error: boom")]}))
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    assert bench.main(["--out", str(tmp_path)]) == 0
+    assert calls == [("mace", "/site-mace", "1"), ("nequip", "/site-nequip", None)]
+    report = json.loads((tmp_path / "bench_torchsim.json").read_text())
+    assert [r["framework"] for r in report["results"]] == ["mace", "nequip"]
+    assert report["results"][1]["error"] == "exit code 1"
+    table = (tmp_path / "bench_torchsim.md").read_text()
+    assert "| float32 | 8x1000 | 1e+04 | 3e+04 | 2e+04 | error | 3.00x | 1.50x |" in table, table
+    assert "Failed: exit code 1" in table
