@@ -68,3 +68,28 @@ $(VENVS)/%/.stamp-test: $(VENVS)/%/.stamp
 
 clean-envs:
 	rm -rf $(VENVS)
+
+# --- TorchSim (issue 16) -------------------------------------------------------------------------------
+# torch-sim-atomistic 0.6 is Python>=3.12 code (PEP 695 generics: a SyntaxError on 3.11, so no
+# --ignore-requires-python), and the CPU torch wheel at hand is for 3.11 only. Its tests get two 3.12
+# environments of their own, one per framework as above, with PyPI's torch 2.13: a CUDA build that runs on
+# the CPU (~5 GB and ~3-4 min each). They run tests/test_torchsim*.py only; the 3.11 environments skip them.
+ENVIRONMENTS += ts-nequip ts-mace
+PYTHON312 ?= $(firstword $(shell for p in python3.12 $(HOME)/.pyenv/versions/3.12*/bin/python3.12; do \
+               $$p -c '' 2>/dev/null && echo $$p; done))
+
+test-ts-nequip test-ts-mace: test-ts-%: $(VENVS)/ts-%/.stamp-test
+	@echo "=== pytest (TorchSim tests) in the ts-$* environment ==="
+	@rm -f $(VENVS)/ts-$*/test-counts.json
+	cd tests && MLIP_ACCEL_TEST_COUNTS=$(abspath $(VENVS))/ts-$*/test-counts.json $(ENV_$*) \
+		$(abspath $(VENVS))/ts-$*/bin/python -m pytest \
+		-p no:cacheprovider -m "not $(if $(filter nequip,$*),mace,nequip)" -rs $(PYTEST_ARGS) test_torchsim*.py
+
+$(VENVS)/ts-%/.stamp-test: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "TorchSim tests: no Python 3.12 found (set PYTHON312=...)"; exit 1; }
+	$(PYTHON312) -m venv $(VENVS)/ts-$*
+	echo "$(TORCH_SPEC)" > $(VENVS)/ts-$*/constraints.txt
+	$(VENVS)/ts-$*/bin/python -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=$(VENVS)/ts-$*/constraints.txt $(VENVS)/ts-$*/bin/python -m pip install -q \
+		-e ".[$*,test,torchsim]"
+	touch $@

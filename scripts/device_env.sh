@@ -10,6 +10,7 @@
 #   /tmp/site-common  ase, vesin, matscipy, lmdb, cuEquivariance (+ its compiled cu13 ops), OpenEquivariance
 #   /tmp/site-nequip  nequip 0.19.1, e3nn 0.6.0, hydra-core, omegaconf, antlr4
 #   /tmp/site-mace    mace-torch 0.3.16, e3nn 0.4.4, torch-ema, prettytable, GitPython, ...
+#   /tmp/site-torchsim  torch-sim-atomistic 0.6.2, tables, blosc2, ... (both environments; if .whl/torchsim is there)
 # NequIP needs e3nn>=0.6 and mace-torch pins e3nn==0.4.4, hence two PYTHONPATHs. mlip_accel itself is
 # imported from this working tree (the repository root goes first on both PYTHONPATHs).
 # Idempotent: a second `source` in the same machine reuses the installed folders.
@@ -39,13 +40,16 @@ _mlip_dev_setup() {
   fi
   _mlip_dev_install /tmp/site-nequip "$_mlip_dev_root/.whl/nequip" || return 1
   _mlip_dev_install /tmp/site-mace "$_mlip_dev_root/.whl/mace" || return 1
+  if compgen -G "$_mlip_dev_root/.whl/torchsim/*.whl" >/dev/null; then
+    _mlip_dev_install /tmp/site-torchsim "$_mlip_dev_root/.whl/torchsim" || return 1
+  fi
   echo "device_env.sh: environments ready in $((SECONDS - t0)) s (/tmp/site-{common,nequip,mace})"
 }
 _mlip_dev_setup || { echo "device_env.sh: installation failed" >&2; return 1 2>/dev/null || exit 1; }
 
 export MLIP_DEVICE_ROOT=$_mlip_dev_root
-export MLIP_PYTHONPATH_NEQUIP=$_mlip_dev_root:/tmp/site-nequip:/tmp/site-common
-export MLIP_PYTHONPATH_MACE=$_mlip_dev_root:/tmp/site-mace:/tmp/site-common
+export MLIP_PYTHONPATH_NEQUIP=$_mlip_dev_root:/tmp/site-nequip:/tmp/site-common:/tmp/site-torchsim
+export MLIP_PYTHONPATH_MACE=$_mlip_dev_root:/tmp/site-mace:/tmp/site-common:/tmp/site-torchsim
 # OpenEquivariance ships no extension built for this torch: build it on first import (~40 s, then cached
 # under ~/.cache/torch_extensions for the life of the machine).
 export OEQ_JIT_EXTENSION=1

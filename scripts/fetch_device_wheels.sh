@@ -6,6 +6,7 @@
 #   .whl/common/  wheels both framework environments use (ase, vesin, matscipy, cuEquivariance's python
 #                 parts, OpenEquivariance repacked as a wheel, ...)
 #   .whl/nequip/  nequip 0.19.1 and e3nn 0.6.0 (+ hydra); .whl/mace/  mace-torch 0.3.16 and e3nn 0.4.4 (+ ...)
+#   .whl/torchsim/  torch-sim-atomistic 0.6.2 and what it imports that the device lacks (tables, blosc2, ...)
 #   .whl/cueq_ops_cu13.tar.xz  cuEquivariance's two compiled cu13 wheels, unzipped and xz-packed: zipped
 #                 they are 74 MB, more than the 64 MiB the device call may carry; xz brings them to ~30 MB.
 #
@@ -18,7 +19,7 @@ ROOT=$PWD
 DEST=$ROOT/.whl
 PY=${PYTHON:-python3}
 [[ "${1:-}" == "--force" ]] && rm -rf "$DEST"
-mkdir -p "$DEST"/{common,nequip,mace}
+mkdir -p "$DEST"/{common,nequip,mace,torchsim}
 
 PLATFORM_ARGS=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -56,6 +57,12 @@ build_pure "$DEST/nequip" antlr4-python3-runtime==4.9.3
 fetch "$DEST/mace" mace-torch==0.3.16 e3nn==0.4.4 torch-ema==0.3 prettytable==3.18.0 wcwidth==0.9.4 \
   ConfigArgParse==1.9.0 GitPython==3.2.1 gitdb==4.0.12 smmap==5.0.3 orjson==3.13.0
 build_pure "$DEST/mace" python-hostlist==2.3.0
+
+# --- TorchSim 0.6.2 (scripts/bench_torchsim.py), both environments. Its optional GPU neighbour list
+# (nvalchemi-toolkit-ops) is left out: it needs warp-lang, a 149 MB wheel, more than a device call carries;
+# torch_sim then uses vesin. blosc2 (for tables) needs pydantic; the rest of its needs are on the device.
+fetch "$DEST/torchsim" torch-sim-atomistic==0.6.2 tables==3.11.1 blosc2==4.14.1 numexpr==2.14.2 ndindex==1.10.1 \
+  pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
 
 # --- OpenEquivariance 0.7.0: an sdist whose build downloads libtorch; its torch extension can instead be
 # JIT-built on first import (OEQ_JIT_EXTENSION=1), so we ship the python package (with the extension's
