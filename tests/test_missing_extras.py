@@ -9,10 +9,10 @@ import pytest
 from mlip_accel.integrations import errors
 
 EXPECTED = {
-    "ase": "ase is not installed (needed by {what}): pip install 'ase>=3.23' (or install mlip_accel with its [ase] "
-           "extra)",
-    "vesin": "vesin is not installed (needed by {what}): pip install 'vesin>=0.3' (or install mlip_accel with its "
-             "[ase] extra)",
+    "ase": "ase is not installed (needed by {what}): pip install 'ase>=3.23' (a dependency of mlip_accel itself, "
+           "missing after --no-deps or an uninstall)",
+    "vesin": "vesin is not installed (needed by {what}): pip install 'vesin>=0.3' (a dependency of mlip_accel itself, "
+             "missing after --no-deps or an uninstall)",
     "nequip": "nequip is not installed (needed by {what}): pip install 'nequip>=0.19,<0.20' (or install mlip_accel "
               "with its [nequip] extra)",
     "mace": "mace-torch is not installed (needed by {what}): pip install 'mace-torch==0.3.16' (or install "

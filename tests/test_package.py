@@ -69,6 +69,6 @@ def test_mace_train_without_mace_is_one_line():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mlip-accel-mace-train: error: needs mace-torch"), lines
+    assert len(lines) == 1 and lines[0].startswith("mlip-accel-mace-train: error: mace-torch is not installed"), lines
     assert "pip install 'mace-torch" in lines[0] and "[mace] extra" in lines[0], lines
 

@@ -32,10 +32,11 @@ class MissingDependencyError(ModelFileError, ImportError):
     """
 
 
-# import name -> (pip requirement, mlip_accel extra that installs it)
+# import name -> (pip requirement, mlip_accel extra that installs it; None: a core dependency of mlip_accel,
+# missing only where it was uninstalled or mlip_accel was installed with --no-deps)
 OPTIONAL = {
-    "ase": ("ase>=3.23", "ase"),
-    "vesin": ("vesin>=0.3", "ase"),
+    "ase": ("ase>=3.23", None),
+    "vesin": ("vesin>=0.3", None),
     "nequip": ("nequip>=0.19,<0.20", "nequip"),
     "mace": ("mace-torch==0.3.16", "mace"),
 }
@@ -44,9 +45,11 @@ OPTIONAL = {
 def missing_dependency(module: str, needed_for: str) -> MissingDependencyError:
     """The one-line error for ``module`` missing: what needs it, the plain pip command, and the extra."""
     requirement, extra = OPTIONAL[module]
+    how = (f"or install mlip_accel with its [{extra}] extra" if extra
+           else "a dependency of mlip_accel itself, missing after --no-deps or an uninstall")
     err = MissingDependencyError(
         f"{requirement.split('>')[0].split('=')[0]} is not installed (needed by {needed_for}): "
-        f"pip install '{requirement}' (or install mlip_accel with its [{extra}] extra)")
+        f"pip install '{requirement}' ({how})")
     err.name = module
     return err
 

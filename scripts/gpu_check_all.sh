@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one device call, from the repository root with .whl/ carried
+# (scripts/fetch_device_wheels.sh here, then scripts/device_env.sh there). Stages (STAGES picks; default all):
+#   core      scripts/gpu_check.sh: kernel-cache precompile, every `gpu` test that needs no framework, kernel
+#             timing, compute-sanitizer memcheck/racecheck
+#   nequip    every `gpu` test in the NequIP environment (e3nn 0.6, nequip 0.19)
+#   mace      every `gpu` test in the MACE environment (e3nn 0.4.4, mace-torch 0.3.16)
+#   symcon    scripts/bench_symcon.py: MACE product blocks, e3nn vs cuEquivariance vs mlip_accel
+#   graphs    scripts/gpu_check_graphs.sh's CLI + benchmark stages (CUDA-graph MD)
+# Results under $OUT (at most 8 files come back: logs are concatenated into all.log), summary.txt per stage.
+set -uo pipefail
+export OUT=${OUT:-$PWD/gpu_check_all_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
+STAGES=${STAGES:-core nequip mace symcon graphs}
+want() { [[ " $STAGES " == *" $1 "* ]]; }
+status=0
+: >"$OUT/summary.txt"
+stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+log() { tee -a "$OUT/all.log"; }
+
+if want core; then
+  mkdir -p "$OUT/core"
+  OUT=$OUT/core timeout ${CORE_TIMEOUT:-330} bash scripts/gpu_check.sh 2>&1 | tail -40 | log
+  stage core "${PIPESTATUS[0]}"
+  cat "$OUT"/core/summary.txt | log
+  cp "$OUT"/core/kernel_timing.json "$OUT"/kernel_timing.json 2>/dev/null
+  tail -30 "$OUT"/core/sanitizer.log >>"$OUT/all.log" 2>/dev/null
+  rm -rf "$OUT/core"
+fi
+
+if want nequip || want mace || want symcon || want graphs; then
+  source scripts/device_env.sh >>"$OUT/all.log" 2>&1 || { stage device_env 1; exit 1; }
+  export OEQ_NOTORCH=1 OMP_NUM_THREADS=4
+  unset OEQ_JIT_EXTENSION
+fi
+if want nequip; then
+  (cd tests && timeout ${NEQUIP_TIMEOUT:-150} bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" .' 2>&1) \
+    | tail -30 | log
+  stage "gpu tests (nequip env)" "${PIPESTATUS[0]}"
+fi
+if want mace; then
+  (cd tests && timeout ${MACE_TIMEOUT:-200} bash -c 'py_mace -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not nequip" .' 2>&1) \
+    | tail -30 | log
+  stage "gpu tests (mace env)" "${PIPESTATUS[0]}"
+fi
+if want symcon; then
+  timeout ${SYMCON_TIMEOUT:-150} bash -c 'py_mace scripts/bench_symcon.py --out "$OUT"' 2>&1 | tail -25 | log
+  stage "bench symcon" "${PIPESTATUS[0]}"
+fi
+if want graphs; then
+  mkdir -p "$OUT/graphs"
+  OUT=$OUT/graphs PARTS="cli bench_nequip bench_mace" timeout ${GRAPHS_TIMEOUT:-300} bash scripts/gpu_check_graphs.sh 2>&1 \
+    | tail -40 | log
+  stage "graphs" "${PIPESTATUS[0]}"
+  cp "$OUT"/graphs/bench_md_graphs.json "$OUT"/graphs/bench_md_graphs.md "$OUT"/ 2>/dev/null
+  rm -rf "$OUT/graphs"
+fi
+cat "$OUT/summary.txt"
+exit $status
