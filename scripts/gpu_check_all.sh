@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the project in one device call, from the repository root with .whl/ carried
 # (scripts/fetch_device_wheels.sh here, then scripts/device_env.sh there). Stages (STAGES picks; default all):
-#   core      scripts/gpu_check.sh: kernel-cache precompile, every `gpu` test that needs no framework, kernel
+#   core      scripts/gpu_check.sh $CORE_ARGS: kernel-cache precompile, every `gpu` test that needs no framework, kernel
 #             timing, compute-sanitizer memcheck/racecheck
 #   nequip    every `gpu` test in the NequIP environment (e3nn 0.6, nequip 0.19)
 #   mace      every `gpu` test in the MACE environment (e3nn 0.4.4, mace-torch 0.3.16)
@@ -21,7 +21,7 @@ log() { tee -a "$OUT/all.log"; }
 
 if want core; then
   mkdir -p "$OUT/core"
-  OUT=$OUT/core timeout ${CORE_TIMEOUT:-330} bash scripts/gpu_check.sh 2>&1 | tail -40 | log
+  OUT=$OUT/core timeout ${CORE_TIMEOUT:-330} bash scripts/gpu_check.sh ${CORE_ARGS:-} 2>&1 | tail -40 | log
   stage core "${PIPESTATUS[0]}"
   cat "$OUT"/core/summary.txt | log
   cp "$OUT"/core/kernel_timing.json "$OUT"/kernel_timing.json 2>/dev/null
