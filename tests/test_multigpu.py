@@ -269,19 +269,20 @@ def test_two_models_on_two_devices_alternately(default_on_cuda0):
     models = {i: copy.deepcopy(conv).to(f"cuda:{i}") for i in (0, 1)}
     for step in range(3):
         for i in (1, 0):
-            device = f"cuda:{i}"
+            device, other = f"cuda:{i}", 1 - i
             x, y, w, gz = inputs(conv.problem, 30, 200, torch.float32, device=device, seed=step)
             dst, src = graph("random", 30, 200, seed=step, device=device)
             x.requires_grad_(True)
-            others = [torch.cuda.memory_allocated(j) for j in (0, 1) if j != i]
+            before = torch.cuda.memory_allocated(other)
             z = models[i](x, y, w, dst, src)
             (gx,) = torch.autograd.grad(z, x, gz)
+            torch.cuda.synchronize(i)
+            assert torch.cuda.memory_allocated(other) == before, f"a call on {device} allocated on cuda:{other}"
+            assert torch.cuda.current_device() == 0
             want_z, want_grads = _reference(conv.problem, x.detach(), y, w, gz, dst, src)
             assert z.device == torch.device(device) and rel_err(z, want_z) <= TOL[torch.float32]
             assert rel_err(gx, want_grads[0]) <= TOL[torch.float32]
-            del z, gx
-            assert [torch.cuda.memory_allocated(j) for j in (0, 1) if j != i] == others
-            assert torch.cuda.current_device() == 0
+            del x, y, w, gz, dst, src, z, gx, want_z, want_grads
     assert executor.executor_for(torch.device("cuda:0")).loaded_devices() >= {0, 1}
 
 
@@ -298,6 +299,25 @@ def test_model_moved_to_cuda1_after_use_keeps_working(default_on_cuda0):
         z = conv(x, y, w, dst, src)
         want = reference.conv_forward(conv.problem, x, y, w, dst, src)
         assert z.device == torch.device(device) and rel_err(z, want) <= TOL[torch.float64]
+
+
+@NEED_TWO
+@pytest.mark.gpu
+def test_accelerated_nequip_model_moved_between_gpus(default_on_cuda0):
+    pytest.importorskip("nequip")
+    import mlip_accel
+    import nequip_fixtures as F
+
+    plain = F.tiny_model("float64", l_max=2, num_features=8)
+    fast = mlip_accel.accelerate(copy.deepcopy(plain).to("cuda:0"), backend="cuda")
+    frames = F.batch(F.emt_structures(3))
+    for device in ("cuda:0", "cuda:1", "cuda:0", "cuda:1"):
+        fast, plain = fast.to(device), plain.to(device)
+        data = {k: v.to(device) for k, v in frames.items()}
+        got = F.evaluate(fast, data)
+        assert all(v.device == torch.device(device) for v in got.values() if isinstance(v, torch.Tensor))
+        F.assert_same_outputs(got, F.evaluate(plain, data), "float64")
+        assert torch.cuda.current_device() == 0
 
 
 @NEED_TWO
