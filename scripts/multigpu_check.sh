@@ -51,7 +51,7 @@ echo "setup done at $((SECONDS - t0)) s" >>"$OUT/setup.log"
 stage "multigpu tests" $?
 tail -3 "$OUT/multigpu_tests.log"
 
-nvidia-smi --query-compute-apps=timestamp,pid,process_name,gpu_uuid,used_memory --format=csv -lms 500 \
+nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv -lms 500 \
   >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
 smi=$!
 nvidia-smi --query-gpu=index,uuid --format=csv,noheader >"$OUT/gpu_uuids.csv" 2>/dev/null
