@@ -46,7 +46,7 @@ source scripts/device_env.sh >>"$OUT/setup.log" 2>&1 || { stage "environment" 1;
 export PATH=/tmp/site-nequip/bin:$PATH  # nequip-train (installed by device_env.sh with --target)
 echo "setup done at $((SECONDS - t0)) s" >>"$OUT/setup.log"
 
-(cd tests && timeout 75 env PYTHONPATH="$MLIP_PYTHONPATH_NEQUIP" python3 -m pytest -q -rfEs -p no:cacheprovider \
+(cd tests && timeout 90 env PYTHONPATH="$MLIP_PYTHONPATH_NEQUIP" python3 -m pytest -q -rfEs -p no:cacheprovider \
   --junitxml="$OUT/multigpu_junit.xml" test_multigpu.py 2>&1) >"$OUT/multigpu_tests.log"
 stage "multigpu tests" $?
 tail -3 "$OUT/multigpu_tests.log"

@@ -241,8 +241,7 @@ def _allocated():
 
 @NEED_TWO
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("dtype,deterministic", [(torch.float32, True), (torch.float64, False)])
 def test_every_op_on_cuda1_while_cuda0_is_the_default(default_on_cuda0, dtype, deterministic):
     problem = random_uvu_problem(11)
     before0 = torch.cuda.memory_allocated(0)
