@@ -94,7 +94,7 @@ if want nequip || want mace; then
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
   fi
   kill "$smi" 2>/dev/null
-  py_nequip scripts/multigpu_train.py report "$WORK" >"$WORK/records/report.log" 2>&1
+  py_nequip scripts/multigpu_train.py report "$WORK" --smi "$OUT/nvidia_smi_apps.csv" >"$WORK/records/report.log" 2>&1
   stage "training equal to one GPU, parameters equal across ranks, no memory on the other GPU" $?
   cp "$WORK/multigpu_train.json" "$WORK/multigpu_train.md" "$OUT/" 2>/dev/null
   cat "$WORK/records/report.log"

@@ -75,8 +75,11 @@ class Probe:
         self.write()
 
     def write(self):
-        info = {"rank": self.rank, "world_size": self.world_size, "steps": self.steps,
+        info = {"rank": self.rank, "world_size": self.world_size, "steps": self.steps, "pid": os.getpid(),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        if self.torch.cuda.is_available():
+            uuid = str(self.torch.cuda.get_device_properties(self.torch.cuda.current_device()).uuid)
+            info["gpu_uuid"] = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
         self.path.with_suffix(".json").write_text(json.dumps(info, indent=1))
         if self.params is not None:
             self.torch.save(self.params, self.path.with_suffix(".pt"))
@@ -267,7 +270,20 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def compare(out: Path, framework: str, devices: int, tol: float) -> dict:
+def smi_gpus(smi: Path | None) -> dict[int, set[str]]:
+    """pid -> GPU UUIDs it held memory on, from ``nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,
+    used_memory --format=csv -lms ...`` output."""
+    seen: dict[int, set[str]] = {}
+    if smi is None or not smi.exists():
+        return seen
+    for line in smi.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            seen.setdefault(int(parts[0]), set()).add(parts[2])
+    return seen
+
+
+def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | None = None) -> dict:
     import torch
 
     single, multi = _load(out, f"{framework}_1"), _load(out, f"{framework}_{devices}")
@@ -298,6 +314,9 @@ def compare(out: Path, framework: str, devices: int, tol: float) -> dict:
                 "peak_mib": steps[-1].get("peak_bytes", 0) / 2**20,
                 "allocated_on_other_gpus": steps[-1].get("allocated_elsewhere")}
 
+    seen = smi_gpus(smi)
+    foreign = {r["rank"]: sorted(seen.get(r.get("pid"), set()) - {r.get("gpu_uuid")}) for r in multi}
+    result["nvidia_smi_gpus_other_than_own"] = foreign if seen else "no nvidia-smi samples"
     result.update(steps=n, per_step=per_step, max_loss_rel_diff=max(p["rel_diff"] for p in per_step),
                   params_identical_across_ranks_every_step=all(p["ranks_identical_params"] for p in per_step),
                   final_param_max_rel_diff_vs_single=param_diff,
@@ -305,30 +324,33 @@ def compare(out: Path, framework: str, devices: int, tol: float) -> dict:
     total = sum(r["samples_per_s"] for r in result["ranks"])
     result["throughput_ratio_same_global_batch"] = total / result["single"]["samples_per_s"]
     result["ok"] = (result["max_loss_rel_diff"] <= tol and result["params_identical_across_ranks_every_step"]
-                    and all(not any((r["allocated_on_other_gpus"] or {}).values()) for r in result["ranks"]))
+                    and all(not any((r["allocated_on_other_gpus"] or {}).values()) for r in result["ranks"])
+                    and not (seen and any(foreign.values())))
     return result
 
 
-def report(out: Path, devices: int, tol: float) -> int:
-    results = {fw: compare(out, fw, devices, tol) for fw in ("nequip", "mace")
+def report(out: Path, devices: int, tol: float, smi: Path | None = None) -> int:
+    results = {fw: compare(out, fw, devices, tol, smi) for fw in ("nequip", "mace")
                if list(out.glob(f"{fw}_1_rank*.json")) or list(out.glob(f"{fw}_{devices}_rank*.json"))}
     (out / "multigpu_train.json").write_text(json.dumps(results, indent=1))
     lines = [f"# Data-parallel training, {devices} GPUs vs 1 (same global batch of {TRAIN} structures)", "",
              f"Loss tolerance: relative {tol:g} (fp32). Per-rank throughput over median step time after the "
              "first step.", "",
              "| framework | steps | max loss rel diff | params equal across ranks | final params rel diff | "
-             "1 GPU samples/s | per-rank samples/s | per-rank peak MiB | memory on other GPUs | ok |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "1 GPU samples/s | per-rank samples/s | per-rank peak MiB | torch memory on other GPUs | "
+             "nvidia-smi: other GPUs per rank | ok |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for fw, r in results.items():
         if "error" in r:
-            lines.append(f"| {fw} | {r['error']} |||||||||")
+            lines.append(f"| {fw} | {r['error']} ||||||||||")
             continue
         lines.append(
             f"| {fw} | {r['steps']} | {r['max_loss_rel_diff']:.2e} | {r['params_identical_across_ranks_every_step']}"
             f" | {r['final_param_max_rel_diff_vs_single']:.2e} | {r['single']['samples_per_s']:.1f} | "
             + ", ".join(f"{x['samples_per_s']:.1f}" for x in r["ranks"]) + " | "
             + ", ".join(f"{x['peak_mib']:.0f}" for x in r["ranks"]) + " | "
-            + ", ".join(str(x["allocated_on_other_gpus"]) for x in r["ranks"]) + f" | {r['ok']} |")
+            + ", ".join(str(x["allocated_on_other_gpus"]) for x in r["ranks"]) + " | "
+            + f"{r['nvidia_smi_gpus_other_than_own']} | {r['ok']} |")
     (out / "multigpu_train.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if results and all(r.get("ok") for r in results.values()) else 1
@@ -348,10 +370,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="fcc Cu cubic cell repeated n x n x n (4n^3 atoms)")
     parser.add_argument("--single-only", action="store_true")
     parser.add_argument("--tol", type=float, default=1e-4)
+    parser.add_argument("--smi", type=Path, help="report: nvidia-smi --query-compute-apps CSV of the runs")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "report":
-        return report(args.out, args.devices, args.tol)
+        return report(args.out, args.devices, args.tol, args.smi)
     rc = 0
     for devices in ([1] if args.single_only else [1, args.devices]):
         if args.what == "nequip":
