@@ -51,7 +51,8 @@ t0=$SECONDS
 {
   nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used --format=csv,noheader
   nvidia-smi topo -m 2>/dev/null | head -3
-  python3 -c "import torch, cupy; print('torch', torch.__version__, 'cupy', cupy.__version__, 'gpus', torch.cuda.device_count())"
+  python3 -c "import torch, cupy; print('torch', torch.__version__, 'cupy', cupy.__version__,
+    'gpus', torch.cuda.device_count())"
   env | grep -E '^(NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS)='
 } >"$OUT/setup.log" 2>&1
 # shellcheck disable=SC1091

@@ -387,3 +387,43 @@ def test_cuda_visible_devices_reordered():
     out = _run_only_on("cuda:0", {"CUDA_VISIBLE_DEVICES": "1,0"})  # cuda:0 is the physical second GPU
     assert out["err"] <= TOL[torch.float32]
     assert out["active"][0] and not out["active"][1], out
+
+
+# --- CPU: the training report's checks (scripts/multigpu_train.py) ----------------------------------------------
+
+def _train_script():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "scripts" / "multigpu_train.py"
+    spec = importlib.util.spec_from_file_location("multigpu_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_records(out, tag, ranks, losses, hashes, elsewhere=0, pids=None):
+    for rank in range(ranks):
+        steps = [{"step": i, "loss": losses[rank][i], "seconds": 0.1, "samples": 6, "param_sha256": hashes[rank][i],
+                  "param_norm": 1.0, "device": rank, "peak_bytes": 2**20, "allocated_elsewhere": {1 - rank: elsewhere}}
+                 for i in range(len(losses[rank]))]
+        (out / f"{tag}_rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "world_size": ranks, "steps": steps, "pid": (pids or [100, 101])[rank],
+             "gpu_uuid": f"GPU-{rank}"}))
+        torch.save(torch.ones(4), out / f"{tag}_rank{rank}.pt")
+
+
+@pytest.mark.parametrize("fault", [None, "loss", "params", "memory", "nvidia-smi"])
+def test_training_report_flags_each_fault(tmp_path, fault):
+    script = _train_script()
+    _write_records(tmp_path, "mace_1", 1, [[1.0, 0.5]], [["a", "b"]])
+    losses = [[0.9, 0.5], [1.1, 0.5 * (1.01 if fault == "loss" else 1.0)]]  # mean over ranks = the 1-GPU loss
+    hashes = [["a", "b"], ["a", "c" if fault == "params" else "b"]]
+    _write_records(tmp_path, "mace_2", 2, losses, hashes, elsewhere=512 if fault == "memory" else 0)
+    smi = tmp_path / "smi.csv"
+    rows = ["pid, process_name, gpu_uuid, used_gpu_memory [MiB]", "100, python3, GPU-0, 900 MiB",
+            "101, python3, GPU-1, 900 MiB"] + (["101, python3, GPU-0, 500 MiB"] if fault == "nvidia-smi" else [])
+    smi.write_text("\n".join(rows) + "\n")
+    result = script.compare(tmp_path, "mace", 2, 1e-4, smi)
+    assert result["ok"] is (fault is None), result
+    assert script.report(tmp_path, 2, 1e-4, smi) == (0 if fault is None else 1)
+    assert (tmp_path / "multigpu_train.md").read_text().count("| mace |") == 1
