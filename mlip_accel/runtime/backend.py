@@ -141,6 +141,25 @@ def _device_guard(device: torch.device):
 
 # --- validation -----------------------------------------------------------------------------------------------
 
+def check_one_device(**tensors) -> None:
+    """ValueError naming every device unless all given tensors (None skipped) are on one device; made before
+    anything is allocated or launched, also on the reference fallback (which would otherwise fail inside
+    PyTorch with a RuntimeError, or after work on the first device)."""
+    devices: dict[torch.device, list[str]] = {}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            devices.setdefault(t.device, []).append(name)
+    if len(devices) > 1:
+        where = "; ".join(f"{', '.join(names)} on {device}" for device, names in devices.items())
+        raise ValueError(f"the inputs of one call must be on one device, got {where}")
+
+
+def _graph_tensors(graph) -> dict:
+    if not isinstance(graph, EdgeGraph):
+        return {}
+    return {f"graph.{f}": getattr(graph, f) for f in ("perm", "rowptr", "transpose_perm", "transpose_rowptr")}
+
+
 def _check_float(name: str, t, rows: int | None, width: int, like: torch.Tensor | None = None) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -249,6 +268,7 @@ def _zeros_like_need(x, y, w, need):
 # --- the backend interface ----------------------------------------------------------------------------------
 
 def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    check_one_device(x=x, y=y, w=w)
     if _fallback_reason(problem) is not None:
         return reference.tp_forward(problem, x, y, w)
     _check_tp(problem, x, y, w)
@@ -265,6 +285,7 @@ def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Te
 
 def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
     need = tuple(bool(n) for n in need)
+    check_one_device(x=x, y=y, w=w, grad_z=grad_z)
     if _fallback_reason(problem) is not None:
         return reference.tp_backward(problem, x, y, w, grad_z, need)
     _check_tp(problem, x, y, w, grad_z)
@@ -280,6 +301,7 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
 
 
 def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) -> torch.Tensor:
+    check_one_device(x=x, y=y, w=w, edge_dst=edge_dst, edge_src=edge_src, **_graph_tensors(graph))
     if _fallback_reason(problem) is not None:
         return reference.conv_forward(problem, x, y, w, edge_dst, edge_src, graph)
     _check_conv(problem, x, y, w, edge_dst, edge_src, graph)
@@ -298,6 +320,7 @@ def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) ->
 
 def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, graph=None, need=(True, True, True)):
     need = tuple(bool(n) for n in need)
+    check_one_device(x=x, y=y, w=w, grad_z=grad_z, edge_dst=edge_dst, edge_src=edge_src, **_graph_tensors(graph))
     if _fallback_reason(problem) is not None:
         return reference.conv_backward(problem, x, y, w, grad_z, edge_dst, edge_src, graph, need)
     _check_conv(problem, x, y, w, edge_dst, edge_src, graph, grad_z)

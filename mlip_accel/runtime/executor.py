@@ -1,5 +1,9 @@
 """Loading compiled modules and launching kernels on PyTorch's current CUDA stream.
 
+Compiled images are per architecture (runtime.compiler); loaded modules, functions and the context they
+belong to are per device (:func:`load_functions`, :class:`DeviceContexts`): tensors on cuda:1 run kernels
+loaded on cuda:1, on cuda:1's current stream, with the caller's current device left as it was.
+
 Tensors go to kernels zero-copy as raw device pointers (``data_ptr``); every buffer is allocated by the
 caller through PyTorch, so no CuPy memory pool ever grows beside PyTorch's caching allocator. Launches
 use the CUDA driver API (through CuPy's binding) directly, which works the same with cupy-cuda12x and
@@ -48,61 +52,116 @@ def _c_args(args):
     return values, array
 
 
+def _driver_api():
+    """CuPy's driver and runtime bindings (imported only where kernels are loaded or launched)."""
+    from cupy_backends.cuda.api import driver, runtime
+    return driver, runtime
+
+
+def device_index(device: torch.device) -> int:
+    if device.type != "cuda":
+        raise ValueError(f"the CUDA backend needs CUDA tensors, got tensors on {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class DeviceContexts:
+    """Makes a device's primary context current for driver-API calls, and proves it before each launch.
+
+    A module loaded with the driver API belongs to the context current at load; a function of it launched
+    in another context fails (CUDA_ERROR_INVALID_HANDLE) or, worse, runs on the wrong GPU. The caller holds
+    ``torch.cuda.device(index)`` (which restores the caller's device on exit and creates no context on a
+    device the process does not use); inside it the current context is compared with the device's primary
+    context (one cheap driver call) and set through ``cudaSetDevice(index)`` where it differs: a fresh
+    thread has none until a runtime call sets it, and torch's guard skips the switch when it believes the
+    device is already current. CuPy's ``Device`` context manager is not used: its exit calls
+    ``cudaSetDevice`` on the previous device unconditionally, which creates a context (hundreds of MiB) on
+    device 0 in a process that only uses device 1.
+    """
+
+    def __init__(self):
+        self._primary: dict[int, int] = {}  # device index -> its primary context handle
+
+    def make_current(self, index: int) -> int:
+        driver, runtime = _driver_api()
+        ctx = driver.ctxGetCurrent()
+        if ctx != 0 and ctx == self._primary.get(index):
+            return ctx
+        runtime.setDevice(index)
+        ctx = driver.ctxGetCurrent()
+        if ctx == 0 or driver.ctxGetDevice() != index:
+            raise RuntimeError(f"mlip_accel: could not make cuda:{index}'s context current for a kernel launch "
+                               "(another CUDA context is pushed on this thread); refusing to launch")
+        self._primary.setdefault(index, ctx)
+        if self._primary[index] != ctx:
+            raise RuntimeError(f"mlip_accel: the current context of cuda:{index} is not the one its kernels were "
+                               "loaded in (a context was created or pushed by hand); refusing to launch")
+        return ctx
+
+
+CONTEXTS = DeviceContexts()
+
+
+def load_functions(source: str, kernels, index: int, name: str = "mlip_accel.cu") -> dict[str, int]:
+    """Compile ``source`` for cuda:``index``'s architecture (once per architecture: runtime.compiler's
+    memory and disk caches) and load it into that device's primary context; {kernel name: function}.
+    The handles are valid on that device only: callers key them by device index."""
+    driver, _ = _driver_api()
+    target = compiler.target_for(torch.cuda.get_device_capability(index))
+    image = compiler.compile_source(source, target, name=name)
+    if target.kind == "ptx" and not image.endswith(b"\0"):
+        image += b"\0"
+    with torch.cuda.device(index):
+        CONTEXTS.make_current(index)
+        handle = driver.moduleLoadData(image)
+        return {k: driver.moduleGetFunction(handle, k) for k in kernels}
+
+
+def launch_function(func: int, grid, block, params, index: int) -> None:
+    """Launch a function loaded by :func:`load_functions` for cuda:``index`` on that device's current torch
+    stream; ``params`` is a ctypes array of pointers to the arguments. The caller's current device is left
+    as it was."""
+    driver, _ = _driver_api()
+    with torch.cuda.device(index):
+        CONTEXTS.make_current(index)
+        stream = torch.cuda.current_stream(index).cuda_stream
+        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
+                            ctypes.addressof(params), 0)
+
+
 class CudaExecutor:
-    """Compiles (cached), loads once per device and launches on ``torch.cuda.current_stream()``."""
+    """Compiles once per architecture, loads once per device, launches on that device's current torch stream.
+    Every handle is keyed by device index: a model moved to another GPU loads its kernels there on first use
+    and never launches a handle of the old device."""
 
     def __init__(self):
         self._functions: dict[tuple, int] = {}
         self._modules: list[tuple[GeneratedModule, int]] = []  # keeps modules (and their ids) alive
         self._lock = threading.Lock()
-        self._thread = threading.local()  # devices whose primary context this thread has made current
 
     def function(self, module: GeneratedModule, kernel: str, device: torch.device) -> int:
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)
         key = (index, id(module), kernel)
         func = self._functions.get(key)
         if func is None:
             with self._lock:
                 func = self._functions.get(key)
                 if func is None:
-                    func = self._load(module, index, key)
+                    names = [k for k in (module.walk_kernel, module.fixup_kernel) if k is not None]
+                    loaded = load_functions(module.source, names, index, name=f"{module.walk_kernel}.cu")
+                    self._modules.append((module, index))
+                    for k, f in loaded.items():
+                        self._functions[(index, id(module), k)] = f
+                    func = self._functions[key]
         return func
 
-    def _load(self, module: GeneratedModule, index: int, key) -> int:
-        from cupy_backends.cuda.api import driver, runtime
-
-        target = compiler.target_for(torch.cuda.get_device_capability(index))
-        image = compiler.compile_source(module.source, target, name=f"{module.walk_kernel}.cu")
-        if target.kind == "ptx" and not image.endswith(b"\0"):
-            image += b"\0"
-        runtime.setDevice(index)  # the driver calls below need the device's primary context current
-        handle = driver.moduleLoadData(image)
-        self._modules.append((module, handle))
-        for name in (module.walk_kernel, module.fixup_kernel):
-            if name is not None:
-                self._functions[(index, id(module), name)] = driver.moduleGetFunction(handle, name)
-        return self._functions[key]
-
-    def _make_current(self, device: torch.device) -> None:
-        # Driver-API launches need a current context; a thread that never ran a CUDA runtime call (a
-        # fresh worker thread) has none until the runtime is asked to set one.
-        seen = getattr(self._thread, "devices", None)
-        if seen is None:
-            seen = self._thread.devices = set()
-        if device.index not in seen:
-            from cupy_backends.cuda.api import runtime
-            runtime.setDevice(device.index if device.index is not None else torch.cuda.current_device())
-            seen.add(device.index)
+    def loaded_devices(self) -> set[int]:
+        """Indices of the devices this executor has loaded modules on (tests, diagnostics)."""
+        return {index for _, index in self._modules}
 
     def launch(self, module: GeneratedModule, kernel: str, grid, block, args, device: torch.device) -> None:
-        from cupy_backends.cuda.api import driver
-
         func = self.function(module, kernel, device)
-        self._make_current(device)
-        stream = torch.cuda.current_stream(device).cuda_stream
         _keep, params = _c_args(args)
-        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
-                            ctypes.addressof(params), 0)
+        launch_function(func, grid, block, params, device_index(device))
 
 
 _CUDA: CudaExecutor | None = None
@@ -113,8 +172,7 @@ def executor_for(device: torch.device):
     global _CUDA
     if _OVERRIDE is not None and _OVERRIDE.accepts(device):
         return _OVERRIDE
-    if device.type != "cuda":
-        raise ValueError(f"the CUDA backend needs CUDA tensors, got tensors on {device}")
+    device_index(device)  # a CUDA device, or a ValueError naming it
     if _CUDA is None:
         _CUDA = CudaExecutor()
     return _CUDA
