@@ -326,3 +326,22 @@ def test_neighbor_list_matches_ase_and_checks_the_gpu_list_once():
     assert N.same_pairs(checked, ours) and not nl.on_gpu
     nl(atoms.positions, atoms.cell.array, atoms.pbc)
     assert len(calls) == 1
+
+
+@pytest.mark.gpu
+def test_gpu_neighbor_list_allocates_through_torch_only():
+    # vesin's CUDA path allocates with CuPy: those buffers must come from torch's allocator (CuPy's pool is
+    # invisible to torch.cuda.max_memory_allocated, which TorchSim's autobatcher reads), and the list must
+    # be the CPU list
+    cupy = pytest.importorskip("cupy")
+    from mlip_accel.integrations import neighbors as N
+
+    atoms = structures("Cu", "Ag")["slab"]
+    nl = N.NeighborList(4.0, "cuda")
+    first = nl(atoms.positions, atoms.cell.array, atoms.pbc)  # checked against the CPU list once
+    if not nl.on_gpu:
+        pytest.skip("vesin's CUDA neighbour list does not run in this process")
+    gpu = nl._compute_gpu(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert gpu.receivers.is_cuda and N.same_pairs(gpu, first)
+    assert cupy.get_default_memory_pool().total_bytes() == 0
+    assert torch.cuda.current_device() == 0

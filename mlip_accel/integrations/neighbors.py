@@ -104,9 +104,26 @@ class NeighborList:
     def _compute_gpu(self, positions, cell, pbc) -> Neighbors:
         import cupy
 
-        with cupy.cuda.Device(self.device.index or 0):
+        # vesin's CUDA path allocates through CuPy: route that through torch's caching allocator (CuPy's own
+        # pool would hold memory torch cannot reuse and that torch.cuda.max_memory_allocated does not see),
+        # and select the device with torch's guard (CuPy's Device context creates a context on device 0 on
+        # exit in a process that only uses another device).
+        with torch.cuda.device(self.device), cupy.cuda.using_allocator(_torch_allocator(self.device)):
             i, j, shifts = self._gpu.compute(cupy.asarray(positions), cupy.asarray(cell), pbc,
                                              quantities="ijS", copy=True)
-        i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
+            i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
         return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])
+
+
+def _torch_allocator(device: torch.device):
+    """A CuPy allocator that takes its memory from torch's caching allocator on ``device`` (the torch tensor
+    is the owner that keeps the block alive for as long as CuPy holds the pointer)."""
+    import cupy
+
+    def allocate(size: int):
+        block = torch.empty(max(int(size), 1), dtype=torch.uint8, device=device)
+        memory = cupy.cuda.UnownedMemory(block.data_ptr(), size, block, device_id=block.device.index)
+        return cupy.cuda.MemoryPointer(memory, 0)
+
+    return allocate

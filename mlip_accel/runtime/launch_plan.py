@@ -14,7 +14,7 @@ import threading
 import torch
 
 from ..codegen.launch_plan import GeneratedKernel, LaunchPlan
-from . import compiler
+from .executor import device_index, launch_function, load_functions
 
 _TORCH_CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "long long"}
 
@@ -60,12 +60,12 @@ def launch(kernel: GeneratedKernel, values: dict) -> None:
 
 
 class PlanCudaExecutor:
-    """Compiles (cached on disk by runtime.compiler), loads once per device and source, launches on
-    ``torch.cuda.current_stream()``."""
+    """Compiles (cached on disk by runtime.compiler), loads once per device and source, launches on the
+    device's current torch stream: through runtime.executor's load/launch helpers, which leave the caller's
+    current device as it was and refuse a foreign context (the convolution launches through them too)."""
 
     def __init__(self):
         self._functions: dict[tuple, int] = {}
-        self._keep: list = []
         self._lock = threading.Lock()
 
     def _function(self, kernel: GeneratedKernel, index: int) -> int:
@@ -75,24 +75,14 @@ class PlanCudaExecutor:
             with self._lock:
                 func = self._functions.get(key)
                 if func is None:
-                    from cupy_backends.cuda.api import driver, runtime
-
-                    target = compiler.target_for(torch.cuda.get_device_capability(index))
-                    image = compiler.compile_source(kernel.source, target, name=f"{kernel.plan.kernel}.cu")
-                    if target.kind == "ptx" and not image.endswith(b"\0"):
-                        image += b"\0"
-                    runtime.setDevice(index)
-                    handle = driver.moduleLoadData(image)
-                    self._keep.append(handle)
-                    func = self._functions[key] = driver.moduleGetFunction(handle, kernel.plan.kernel)
+                    name = kernel.plan.kernel
+                    func = load_functions(kernel.source, [name], index, name=f"{name}.cu")[name]
+                    self._functions[key] = func
         return func
 
     def launch_plan(self, kernel: GeneratedKernel, grid, block, args, device: torch.device) -> None:
-        from cupy_backends.cuda.api import driver, runtime
-
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = device_index(device)
         func = self._function(kernel, index)
-        runtime.setDevice(index)  # the driver launch needs the device's primary context current
         holders = []
         for a, spec in zip(args, kernel.plan.arguments):
             if isinstance(a, torch.Tensor):
@@ -102,9 +92,7 @@ class PlanCudaExecutor:
             else:
                 holders.append(ctypes.c_longlong(a))
         params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-        stream = torch.cuda.current_stream(device).cuda_stream
-        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
-                            ctypes.addressof(params), 0)
+        launch_function(func, grid, block, params, index)
 
 
 _CUDA: PlanCudaExecutor | None = None
