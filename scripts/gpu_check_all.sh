@@ -17,13 +17,13 @@ want() { [[ " $STAGES " == *" $1 "* ]]; }
 status=0
 : >"$OUT/summary.txt"
 stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
-log() { tee -a "$OUT/all.log"; }
+log() { tee -a "$OUT/all.log" | tail -${TAIL:-30}; }  # the whole output into all.log, its end to stdout
 
 if want core; then
   mkdir -p "$OUT/core"
-  OUT=$OUT/core timeout ${CORE_TIMEOUT:-330} bash scripts/gpu_check.sh ${CORE_ARGS:-} 2>&1 | tail -40 | log
+  OUT=$OUT/core timeout ${CORE_TIMEOUT:-330} bash scripts/gpu_check.sh ${CORE_ARGS:-} 2>&1 | log
   stage core "${PIPESTATUS[0]}"
-  cat "$OUT"/core/summary.txt | log
+  cat "$OUT"/core/summary.txt >>"$OUT/all.log"
   cp "$OUT"/core/kernel_timing.json "$OUT"/kernel_timing.json 2>/dev/null
   tail -30 "$OUT"/core/sanitizer.log >>"$OUT/all.log" 2>/dev/null
   rm -rf "$OUT/core"
@@ -35,23 +35,20 @@ if want nequip || want mace || want symcon || want graphs; then
   unset OEQ_JIT_EXTENSION
 fi
 if want nequip; then
-  (cd tests && timeout ${NEQUIP_TIMEOUT:-150} bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" .' 2>&1) \
-    | tail -30 | log
+  (cd tests && timeout ${NEQUIP_TIMEOUT:-150} bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" .' 2>&1) | log
   stage "gpu tests (nequip env)" "${PIPESTATUS[0]}"
 fi
 if want mace; then
-  (cd tests && timeout ${MACE_TIMEOUT:-200} bash -c 'py_mace -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not nequip" .' 2>&1) \
-    | tail -30 | log
+  (cd tests && timeout ${MACE_TIMEOUT:-200} bash -c 'py_mace -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not nequip" --durations=12 .' 2>&1) | log
   stage "gpu tests (mace env)" "${PIPESTATUS[0]}"
 fi
 if want symcon; then
-  timeout ${SYMCON_TIMEOUT:-150} bash -c 'py_mace scripts/bench_symcon.py --out "$OUT"' 2>&1 | tail -25 | log
+  timeout ${SYMCON_TIMEOUT:-150} bash -c 'py_mace scripts/bench_symcon.py --out "$OUT"' 2>&1 | log
   stage "bench symcon" "${PIPESTATUS[0]}"
 fi
 if want graphs; then
   mkdir -p "$OUT/graphs"
-  OUT=$OUT/graphs PARTS="cli bench_nequip bench_mace" timeout ${GRAPHS_TIMEOUT:-300} bash scripts/gpu_check_graphs.sh 2>&1 \
-    | tail -40 | log
+  OUT=$OUT/graphs PARTS="cli bench_nequip bench_mace" timeout ${GRAPHS_TIMEOUT:-300} bash scripts/gpu_check_graphs.sh 2>&1 | log
   stage "graphs" "${PIPESTATUS[0]}"
   cp "$OUT"/graphs/bench_md_graphs.json "$OUT"/graphs/bench_md_graphs.md "$OUT"/ 2>/dev/null
   rm -rf "$OUT/graphs"

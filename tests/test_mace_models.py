@@ -216,6 +216,7 @@ def test_atomic_numbers_longer_than_num_elements():
     fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")
     atoms = build.bulk("Si", "diamond", a=5.43)
     atoms.set_cell(np.asarray(atoms.cell) * 1.02, scale_atoms=True)
+    atoms.rattle(0.05, seed=3)  # a perfect crystal has zero forces: a relative check would compare round-off
     with default_dtype(torch.float64):
         graph = mace_data.AtomicData.from_config(mace_data.config_from_atoms(atoms), z_table=AtomicNumberTable([14]),
                                                  cutoff=4.0)
