@@ -107,7 +107,7 @@ def test_nequip_model_and_calculator():
     assert report.dtype == "float64"
     text = str(report)
     assert text.splitlines()[0].startswith("nequip model <in memory> [Cu, Ag;")
-    assert "3 convolution layer(s), 3 run by mlip_accel" in text
+    assert "3 layer(s) mlip_accel can run, 3 run by mlip_accel" in text
     assert "(NequIP TensorProductScatter): mlip_accel reference [backend='auto', deterministic] - the model is on " \
            "cpu; the CUDA kernels need CUDA tensors" in text
     unaccelerated = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", accelerate=False)
@@ -119,12 +119,19 @@ def test_mace_model():
     import mace_fixtures as M
 
     model = M.tiny_model(dtype=torch.float64)
-    assert mlip_accel.describe(model).backends == ("e3nn",)
-    assert [layer.kind for layer in mlip_accel.describe(model).layers] == ["MACE conv_tp"] * 2
+    plain = mlip_accel.describe(model)
+    assert plain.backends == ("e3nn",)
+    kinds = ["MACE conv_tp", "MACE symmetric contraction"]
+    assert sorted(layer.kind for layer in plain.layers) == sorted(kinds * 2)
+    assert {layer.implementation for layer in plain.layers if "symmetric" in layer.kind} == {
+        "MACE's own (not accelerated)"}
     mlip_accel.accelerate(model, backend="reference")
     report = mlip_accel.describe(model)
-    assert [layer.implementation for layer in report.layers] == ["mlip_accel reference"] * 2
-    assert report.layers[0].name == "interactions.0.conv_tp" and report.dtype == "float64"
+    assert sorted(layer.kind for layer in report.layers) == sorted(kinds * 2)
+    assert [layer.implementation for layer in report.layers] == ["mlip_accel reference"] * 4
+    names = {layer.name for layer in report.layers}
+    assert {"interactions.0.conv_tp", "products.0.symmetric_contractions"} <= names and report.dtype == "float64"
+    assert "4 layer(s) mlip_accel can run, 4 run by mlip_accel" in str(report)
 
 
 def test_cli_backend_line_gives_the_fallback_reason(monkeypatch):

@@ -1,5 +1,5 @@
-"""``mlip_accel.describe(obj)``: which implementation runs each convolution of a model, on which device and
-dtype, and why a fallback happened.
+"""``mlip_accel.describe(obj)``: which implementation runs each convolution (and each MACE symmetric
+contraction) of a model, on which device and dtype, and why a fallback happened.
 
 Works on a plain or accelerated NequIP/MACE model, a standalone TensorProduct(Conv), and the calculators
 holding them (AcceleratedCalculator, NequIPCalculator, MACECalculator). It only reads the model: nothing
@@ -17,7 +17,7 @@ from ..ops import backends
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One convolution (or tensor product) of the model."""
+    """One convolution, tensor product or MACE symmetric contraction of the model."""
 
     name: str  # module path in the model ("" for the object itself)
     kind: str  # what it is in its framework, e.g. "NequIP TensorProductScatter"
@@ -56,7 +56,7 @@ class Description:
         lines = [self.target,
                  f"  device  : {self.device}",
                  f"  dtype   : {self.dtype}",
-                 f"  layers  : {len(self.layers)} convolution layer(s), {swapped} run by mlip_accel"]
+                 f"  layers  : {len(self.layers)} layer(s) mlip_accel can run, {swapped} run by mlip_accel"]
         for layer in self.layers:
             options = []
             if layer.requested is not None:
@@ -70,7 +70,7 @@ class Description:
                 text += f" - {layer.reason}"
             lines.append(text)
         if not self.layers:
-            lines.append("    (no convolution that mlip_accel knows: nothing to accelerate)")
+            lines.append("    (no layer that mlip_accel knows: nothing to accelerate)")
         lines.append(f"  CUDA    : {self.cuda}")
         return "\n".join(lines)
 
@@ -141,6 +141,7 @@ def _plain_kind(name: str, module) -> str | None:
 
 def _layers(modules, device) -> list:
     from ..modules import TensorProduct, TensorProductConv
+    from ..modules.symmetric_contraction import SymmetricContraction
 
     ours = (TensorProduct, TensorProductConv)
     layers, inside = [], set()
@@ -150,7 +151,13 @@ def _layers(modules, device) -> list:
             if id(module) in inside:
                 continue
             conv = getattr(module, "conv", None)
-            if isinstance(conv, ours) and not isinstance(module, ours):  # our wrapper of a framework layer
+            contraction = getattr(module, "contraction", None)
+            if isinstance(contraction, SymmetricContraction):  # our MACE product-basis swap
+                layers.append(_accelerated_layer(prefix + name, "MACE symmetric contraction", contraction, device))
+            elif type(module).__name__ == "SymmetricContraction" and type(module).__module__.startswith("mace"):
+                layers.append(Layer(prefix + name, "MACE symmetric contraction", "MACE's own (not accelerated)",
+                                    None, None, None))
+            elif isinstance(conv, ours) and not isinstance(module, ours):  # our wrapper of a framework layer
                 inside.add(id(conv))
                 layers.append(_accelerated_layer(prefix + name, _kind(module), conv, device))
             elif isinstance(module, ours):
