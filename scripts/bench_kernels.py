@@ -41,9 +41,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
-if str(SCRIPTS) not in sys.path:
-    sys.path.insert(0, str(SCRIPTS))
 
 DIRECTIONS = ("fwd", "bwd", "dbl")
 DIRECTION_ALIASES = {"forward": "fwd", "backward": "bwd", "double": "dbl", "double_backward": "dbl",
@@ -121,10 +118,6 @@ def parse_args(argv=None):
 # worker side: one (problem, dtype) on every requested graph and implementation
 # =================================================================================================
 
-def _rel_err(a, b) -> float:
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-300))
-
-
 def _short(err: BaseException) -> str:
     text = f"{type(err).__name__}: {err}".strip().replace("\n", " ")
     return text[:300]
@@ -140,12 +133,6 @@ def _free():
     if torch.cuda.is_available():  # return what the last case held to the GPU before the next one
         gc.collect()
         torch.cuda.empty_cache()
-
-
-def _sync(device):
-    import torch
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class Reference:
@@ -187,7 +174,8 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
     """Build one implementation, check it against the reference, time and measure each direction."""
     import torch
     from bench_peers import Unavailable, build
-    from bench_timing import peak_memory_mb, time_cuda
+    from mlip_accel.testing import rel_err
+    from mlip_accel.testing.timing import peak_memory_mb, synchronize, time_cuda
 
     x, y, w, gz, dx, dy, dw = inputs
     rec: dict = {"status": "ok", "directions": {}}
@@ -197,7 +185,7 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
         xn, yn, wn = prep.inputs_from_e3nn(x, y, w)
         with torch.no_grad():
             out = prep.call(xn, yn, wn)
-        _sync(x.device)
+        synchronize(x.device)
         rec["setup_s"] = time.perf_counter() - t0  # construction (kernel compilation) + first call; imports done before
         rec["note"] = prep.note
     except Unavailable as err:
@@ -207,7 +195,7 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
         return {"status": "oom" if _is_oom(err) else "error", "reason": _short(err)}
 
     try:
-        rec["err_fwd"] = _rel_err(prep.out_to_e3nn(out), ref.out)
+        rec["err_fwd"] = rel_err(prep.out_to_e3nn(out), ref.out)
     except Exception as err:
         rec["err_fwd_error"] = _short(err)
     del out
@@ -233,9 +221,9 @@ def run_case(impl, spec, dtype, inputs, ref, directions, policy, flush, graph_ca
     if "bwd" in directions or "dbl" in directions:
         try:
             gx, gy, gw = prep.grads_to_e3nn(*backward_chain())
-            rec["err_bwd_x"] = _rel_err(gx, ref.gx)
-            rec["err_bwd_y"] = _rel_err(gy[ref.sample], ref.gy)
-            rec["err_bwd_w"] = _rel_err(gw[ref.sample], ref.gw)
+            rec["err_bwd_x"] = rel_err(gx, ref.gx)
+            rec["err_bwd_y"] = rel_err(gy[ref.sample], ref.gy)
+            rec["err_bwd_w"] = rel_err(gw[ref.sample], ref.gw)
             rec["err_bwd"] = max(rec["err_bwd_x"], rec["err_bwd_y"], rec["err_bwd_w"])
             del gx, gy, gw
         except Exception as err:
@@ -280,7 +268,8 @@ def run_worker(job_file: str, results_file: str) -> None:
     import torch
     from bench_graphs import build_graph
     from bench_peers import ConvSpec, LABELS, preload
-    from bench_timing import QUICK_POLICY, L2Flusher, TimingPolicy
+    from mlip_accel.testing import dtype_of
+    from mlip_accel.testing.timing import QUICK_POLICY, L2Flusher, TimingPolicy
 
     job = json.loads(Path(job_file).read_text())
     if job.get("device", "cuda") == "cuda":
@@ -306,7 +295,7 @@ def run_worker(job_file: str, results_file: str) -> None:
                 emit({"event": "result", "problem": problem["name"], "graph": graph_name, "dtype": dtype_name,
                       "impl": impl, "label": LABELS[impl], "status": "skipped", "reason": "--time-budget spent"})
             continue
-        dtype = getattr(torch, dtype_name)
+        dtype = dtype_of(dtype_name)
         if graph_name not in graphs:
             graphs[graph_name] = graph = build_graph(graph_name, device=device)
             emit({"event": "graph", "graph": graph_name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges})
@@ -379,9 +368,10 @@ def run_compile_probe(job_file: str) -> None:
     from bench_graphs import build_graph
     from bench_peers import ConvSpec, e3nn_tp
     from mlip_accel.ops import backends
+    from mlip_accel.testing import dtype_of
 
     job = json.loads(Path(job_file).read_text())
-    dtype = getattr(torch, job["dtype"])
+    dtype = dtype_of(job["dtype"])
     graph = build_graph("small-molecule", device="cuda")
     spec = ConvSpec.from_problem(job["problem"], graph.edge_dst, graph.edge_src, graph.num_nodes)
     tp = e3nn_tp(spec, dtype)
@@ -511,7 +501,7 @@ def main(argv=None) -> int:
         print("bench_kernels: no CUDA GPU here (torch.cuda.is_available() is False); run it on the device machine",
               file=sys.stderr)
         return 2
-    from bench_timing import copy_bandwidth_gbps
+    from mlip_accel.testing.timing import copy_bandwidth_gbps
     from bench_peers import versions
     import bench_report
 

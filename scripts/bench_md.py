@@ -39,12 +39,15 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # mlip_accel from this working tree when it is not installed
+
+from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
+from mlip_accel.testing import DTYPES as _DTYPE_MAP, dtype_of  # noqa: E402
+from mlip_accel.testing.timing import synchronize as _sync, wall_times  # noqa: E402
 
 IMPLS = ("e3nn", "cueq", "oeq", "mlip_accel")
 LABELS = {"e3nn": "e3nn", "cueq": "cuEquivariance", "oeq": "OpenEquivariance", "mlip_accel": "mlip_accel"}
-DTYPES = ("float32", "float64")
+DTYPES = tuple(_DTYPE_MAP)
 SIZES = (2, 3, 5, 7, 10, 11)  # diamond cells per axis: 64, 216, 1000, 2744, 8000, 10648 atoms
 QUICK_SIZES = (2, 5)
 MOLECULE = "small-molecule"
@@ -59,15 +62,6 @@ class Unavailable(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- models
-
-def _with_default_dtype(dtype, fn):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        return fn()
-    finally:
-        torch.set_default_dtype(old)
-
 
 def build_mace(dtype: torch.dtype):
     from e3nn import o3
@@ -85,7 +79,8 @@ def build_mace(dtype: torch.dtype):
             atomic_inter_scale=1.0, atomic_inter_shift=0.0)
 
     # e3nn 0.4.4 bakes its constants in the default dtype: build fp64 models under fp64, as MACE trains them
-    return _with_default_dtype(dtype, make).eval()
+    with default_dtype(dtype):
+        return make().eval()
 
 
 def build_nequip(dtype: torch.dtype):
@@ -131,7 +126,9 @@ def variant(framework: str, impl: str, base, device: torch.device):
             else:
                 from mace.cli.convert_e3nn_oeq import run as convert
             # the converters set torch's default dtype to the model's: keep ours
-            return _with_default_dtype(dtype, lambda: convert(model, device="cuda")).to(device).eval()
+            with default_dtype(dtype):
+                converted = convert(model, device="cuda")
+            return converted.to(device).eval()
         import nequip.model
 
         name = {"cueq": "enable_CuEquivariance", "oeq": "enable_OpenEquivariance"}[impl]
@@ -172,26 +169,21 @@ def graph_names(sizes) -> list:
 
 # -------------------------------------------------------------------------------------------- timing
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(potential, data: dict, device, min_seconds: float, max_reps: int, warmup: int = 2) -> dict:
     """Median/mean wall time of one energy+forces call (synchronised), peak memory, and the last outputs."""
+    last = {}
+
+    def step():
+        last["out"] = potential.forward(dict(data), stress=False)
+
     for _ in range(warmup):
-        out = potential.forward(dict(data), stress=False)
+        step()
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    times, start = [], time.perf_counter()
-    while len(times) < 3 or (len(times) < max_reps and time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        out = potential.forward(dict(data), stress=False)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    result = potential.results(out, with_stress=False)
+    times = wall_times(step, device, min_reps=3, max_reps=max_reps, min_seconds=min_seconds)
+    result = potential.results(last["out"], with_stress=False)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     return {"ms_median": 1000 * statistics.median(times), "ms_mean": 1000 * statistics.fmean(times),
             "ms_min": 1000 * min(times), "reps": len(times), "steps_per_s": 1.0 / statistics.median(times),
@@ -244,7 +236,7 @@ def run_framework(args) -> dict:
           file=sys.stderr)
     cases, profiles, models = [], {}, {}
     for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
+        dtype = dtype_of(dtype_name)
         base = build(dtype)
         models[dtype_name] = {"parameters": sum(p.numel() for p in base.parameters())}
         references = {}

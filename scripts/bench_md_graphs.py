@@ -21,27 +21,24 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlip_accel from this tree
+
+from mlip_accel.testing.timing import wall_times  # noqa: E402
 
 GRAPHS = ("small-molecule", "carbon-3c", "carbon-5c")
 IMPLS = ("e3nn", "mlip_accel", "mlip_accel_graphs")
 
 
 def _time(fn, device, min_seconds: float, max_reps: int, warmup: int = 3) -> dict:
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda d: None)
-    for _ in range(warmup):
-        out = fn()
-    sync(device)
-    times, start = [], time.perf_counter()
-    while len(times) < 5 or (len(times) < max_reps and time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+    last = {}
+
+    def step():
+        last["out"] = fn()
+
+    times = wall_times(step, device, min_reps=5, max_reps=max_reps, min_seconds=min_seconds, warmup=warmup)
     ms = 1000 * statistics.median(times)
-    return {"ms": ms, "steps_per_s": 1000 / ms, "reps": len(times), "_forces": out["forces"].double().cpu().numpy()}
+    return {"ms": ms, "steps_per_s": 1000 / ms, "reps": len(times),
+            "_forces": last["out"]["forces"].double().cpu().numpy()}
 
 
 def run_framework(args) -> dict:

@@ -5,7 +5,7 @@ config) where it imports. Carbon-only nodes (one element of the 89), random feat
 
 Timed per block: ``forces`` = forward + backward to the block's inputs (weights frozen, as in MD);
 ``train`` = forward + backward to inputs and weights. Median of CUDA-event timings, L2 flushed
-(scripts/bench_timing.py). Also the relative error of mlip_accel's outputs against e3nn's (same weights).
+(mlip_accel.testing.timing). Also the relative error of mlip_accel's outputs against e3nn's (same weights).
 
     python scripts/bench_symcon.py --out DIR [--sizes 1000 8000] [--dtypes float32 float64]
 """
@@ -20,13 +20,12 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_timing import L2Flusher, TimingPolicy, peak_memory_mb, time_cuda  # noqa: E402
+from mlip_accel.testing import DTYPES, dtype_of, rel_err
+from mlip_accel.testing.timing import L2Flusher, TimingPolicy, peak_memory_mb, time_cuda
 
 HIDDEN_IN = "128x0e+128x1o+128x2e+128x3o"
 BLOCKS = {"product0": "128x0e+128x1o", "product1": "128x0e"}
 CARBON = 5  # index of Z=6 in an 89-element table (Z = 1..89)
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def build_blocks(target: str, dtype: torch.dtype, device: str) -> dict:
@@ -84,7 +83,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 8000])
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=list(DTYPES))
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of this script (reference backend)")
     args = ap.parse_args(argv)
     device = args.device
@@ -93,7 +92,7 @@ def main(argv=None) -> int:
     rows = []
     meta = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__}
     for dtype_name in args.dtypes:
-        dtype = DTYPES[dtype_name]
+        dtype = dtype_of(dtype_name)
         for block_name, target in BLOCKS.items():
             t0 = time.perf_counter()
             blocks = build_blocks(target, dtype, device)
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
                 with torch.no_grad():
                     ref = blocks["e3nn"](x, sc, attrs)
                     ours = blocks["mlip_accel"](x, sc, attrs)
-                err = float((ours - ref).abs().max() / ref.abs().max())
+                err = rel_err(ours, ref)
                 for impl, block in blocks.items():
                     xin = xc if impl == "cueq" else x
                     for mode in ("forces", "train"):

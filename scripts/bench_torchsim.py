@@ -42,8 +42,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
+sys.path.insert(0, ROOT)  # mlip_accel from this working tree when it is not installed
+
+from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
+from mlip_accel.testing import DTYPES, dtype_of, rel_err  # noqa: E402
+from mlip_accel.testing.timing import synchronize as _sync, wall_times  # noqa: E402
 
 FRAMEWORKS = ("mace", "nequip")
 IMPLS = ("e3nn", "mlip_accel", "cueq", "oeq")
@@ -205,7 +208,8 @@ def build_model(framework: str, dtype: torch.dtype, tiny: bool = False):
                 gate=torch.nn.functional.silu, atomic_energies=np.zeros(1), avg_num_neighbors=61.0,
                 atomic_numbers=[6], correlation=2, radial_MLP=[8], atomic_inter_scale=1.0, atomic_inter_shift=0.0)
 
-        return bench_md._with_default_dtype(dtype, make).eval()
+        with default_dtype(dtype):
+            return make().eval()
     from nequip.utils.global_state import set_global_state
 
     set_global_state()
@@ -218,11 +222,6 @@ def build_model(framework: str, dtype: torch.dtype, tiny: bool = False):
 
 
 # ------------------------------------------------------------------------------------------------ timing
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def time_integrate(wrapper, frames, dtype, device, steps: int, min_seconds: float, max_reps: int) -> dict:
     import torch_sim as ts
@@ -237,13 +236,13 @@ def time_integrate(wrapper, frames, dtype, device, steps: int, min_seconds: floa
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    start = time.perf_counter()
-    while len(times) < max_reps and (not times or time.perf_counter() - start < min_seconds):
-        t0 = time.perf_counter()
-        final = run(steps)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
+    last = {}
+
+    def timed():
+        last["final"] = run(steps)
+
+    times = wall_times(timed, device, min_reps=1, max_reps=max_reps, min_seconds=min_seconds)
+    final = last["final"]
     n_atoms = sum(len(a) for a in frames)
     best = min(times)
     return {"steps": steps, "reps": len(times), "seconds": best, "atom_steps_per_s": n_atoms * steps / best,
@@ -277,7 +276,7 @@ def run_framework(args) -> dict:
         result["neighbor_list"] = f"nequip's transform ({nequip_neighbor_backend()})"
     t_start = time.perf_counter()
     for dtype_name in args.dtypes:
-        dtype = getattr(torch, dtype_name)
+        dtype = dtype_of(dtype_name)
         base = build_model(args.framework, dtype, args.tiny)
         for batch_name, systems, cells in batches:
             frames = batch_frames(systems, cells)
@@ -294,8 +293,7 @@ def run_framework(args) -> dict:
                         if impl == "e3nn":
                             reference = energies
                         elif reference is not None:
-                            case["energy_rel_err_vs_e3nn"] = float(
-                                (energies - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+                            case["energy_rel_err_vs_e3nn"] = rel_err(energies, reference)
                         case.update(time_integrate(wrapper, frames, dtype, device, args.steps, args.min_seconds,
                                                    args.max_reps))
                         case["status"] = "ok"
@@ -357,7 +355,7 @@ def main(argv=None) -> int:
     parser.add_argument("--framework", choices=FRAMEWORKS, help="run one framework here (default: both, each in "
                         "its own environment from scripts/device_env.sh)")
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
-    parser.add_argument("--dtypes", nargs="+", choices=("float32", "float64"), default=["float32"])
+    parser.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=["float32"])
     parser.add_argument("--steps", type=int, default=10, help="NVT steps per timed integrate call")
     parser.add_argument("--min-seconds", type=float, default=2.0)
     parser.add_argument("--max-reps", type=int, default=5)

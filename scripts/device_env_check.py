@@ -15,6 +15,8 @@ import traceback
 
 import torch
 
+from mlip_accel.testing import rel_err
+
 FAILED: list[str] = []
 
 
@@ -47,10 +49,6 @@ def tiny_graph(num_nodes=12, num_edges=60, device="cuda"):
     src = torch.randint(0, num_nodes, (num_edges,), generator=g)
     order = torch.argsort(dst * num_nodes + src)  # row-major sorted, as deterministic kernels want
     return dst[order].to(device), src[order].to(device)
-
-
-def rel_err(a, b):
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
 def nequip_checks():

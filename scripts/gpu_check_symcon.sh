@@ -23,10 +23,9 @@ stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | te
 } >>"$OUT/setup.log" 2>&1
 
 timeout 90 $PY - >"$OUT/precompile.log" 2>&1 <<'PY'
-import concurrent.futures, sys, time
-sys.path.insert(0, "tests")
+import concurrent.futures, time
 import torch
-from symcon_cases import LARGE, problem
+from mlip_accel.testing.symcon_cases import LARGE, problem
 from mlip_accel.codegen.symmetric_contraction import DIRECTIONS, SymconSpec, generate_symmetric_contraction
 from mlip_accel.runtime import compiler
 target = compiler.target_for(torch.cuda.get_device_capability())

@@ -12,54 +12,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
-import statistics
-import sys
 import time
 import traceback
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from kernel_cases import bench_problem, bench_problem_specs, rel_err  # noqa: E402
-
-from mlip_accel.graph import sort_edges  # noqa: E402
-from mlip_accel.ops import custom_ops  # noqa: E402,F401
-from mlip_accel.problem import irreps_str, register_problem  # noqa: E402
-from mlip_accel.runtime import backend as cuda  # noqa: E402
-from mlip_accel.runtime import compiler  # noqa: E402
+from mlip_accel.graph import sort_edges
+from mlip_accel.ops import custom_ops  # noqa: F401
+from mlip_accel.problem import irreps_str, register_problem
+from mlip_accel.runtime import backend as cuda
+from mlip_accel.runtime import compiler
+from mlip_accel.testing import dtype_of, rel_err
+from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
+from mlip_accel.testing.timing import L2Flusher, copy_bandwidth_gbps, fixed_reps, peak_memory_mb, time_cuda
 
 
 def median_ms(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def peak_extra_mb(fn) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def copy_bandwidth_gbs() -> float:
-    a = torch.empty(2**30 // 4, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    ms = median_ms(lambda: b.copy_(a), 10)
-    return 2 * a.numel() * 4 / (ms * 1e-3) / 1e9
+    """Median of ``reps`` CUDA-event timings after ``warmup`` calls, L2 left warm (this check's method since
+    its first runs, so its numbers stay comparable; bench_kernels.py flushes L2)."""
+    return time_cuda(fn, L2Flusher("cuda", flush=False), fixed_reps(reps, warmup)).median_ms
 
 
 def e3nn_tp(problem, dtype):
@@ -82,14 +57,13 @@ def compile_times(problem, dtype: str) -> dict:
                cuda.module_for(problem, dtype, "backward", "det").source]
     start = time.perf_counter()
     for s in sources:
-        compiler._compile(s, (*compiler.BASE_OPTIONS, target.option), target.kind, "cold.cu")
+        compiler.compile_uncached(s, (*compiler.BASE_OPTIONS, target.option), target.kind, "cold.cu")
     cold = time.perf_counter() - start
     for s in sources:  # make sure both are on disk, then time a load that skips the in-memory cache
         compiler.compile_source(s, target)
-    compiler._MEMORY.clear()
     start = time.perf_counter()
-    for s in sources:
-        compiler.compile_source(s, target)
+    for s in sources:  # ensure_cached skips the in-memory cache: a disk-cache load
+        compiler.ensure_cached(s, target)
     return {"cold_compile_s": cold, "disk_cache_load_s": time.perf_counter() - start}
 
 
@@ -122,8 +96,8 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
         res[f"{label}_fwd_ms"] = median_ms(fwd, 10)
         res[f"{label}_bwd_ms"] = median_ms(bwd, 10)
         res[f"{label}_dbl_ms"] = median_ms(dbl, 5)
-        res[f"{label}_fwd_peak_mb"] = peak_extra_mb(fwd)
-        res[f"{label}_bwd_peak_mb"] = peak_extra_mb(bwd)
+        res[f"{label}_fwd_peak_mb"] = peak_memory_mb(fwd)
+        res[f"{label}_bwd_peak_mb"] = peak_memory_mb(bwd)
     res["det_fwd_roofline"] = res["floor_fwd_ms"] / res["det_fwd_ms"]
     res["det_bwd_roofline"] = res["floor_bwd_ms"] / res["det_bwd_ms"]
     if with_e3nn:
@@ -140,7 +114,7 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
             out = conv(xr, yr, wr)
             torch.autograd.grad(out, (xr, yr, wr), gz)
         res["e3nn_bwd_ms"] = median_ms(e3nn_bwd, 3, 1)
-        res["e3nn_fwd_peak_mb"] = peak_extra_mb(lambda: conv(x, y, w))
+        res["e3nn_fwd_peak_mb"] = peak_memory_mb(lambda: conv(x, y, w))
     return res
 
 
@@ -162,7 +136,6 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
     """Deterministic forward and backward under each register budget and edges-per-warp setting."""
     import concurrent.futures
     import multiprocessing
-    from mlip_accel.runtime import precompile
     dt = str(dtype).split(".")[-1]
     target = compiler.target_for(torch.cuda.get_device_capability())
     sources = []
@@ -173,7 +146,7 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
         with cuda.accumulator_budget(backward=b):
             sources.append(cuda.module_for(problem, dt, "backward", "det").source)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(precompile._compile_one, [(src, target) for src in sources], chunksize=1))
+        list(pool.map(compiler.ensure_cached, sources, itertools.repeat(target, len(sources)), chunksize=1))
     x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     rows = []
     for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
@@ -217,9 +190,9 @@ def main() -> None:
     specs = {p["name"]: p for p in bench_problem_specs()}
     if args.once:
         name, dt = args.once.split(":")
-        once(bench_problem(specs[name]), getattr(torch, dt), args.nodes, args.edges)
+        once(bench_problem(specs[name]), dtype_of(dt), args.nodes, args.edges)
         return
-    bandwidth = copy_bandwidth_gbs() * 1e9
+    bandwidth = copy_bandwidth_gbps(2**30, reps=10) * 1e9
     print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)", flush=True)
     results = []
     if args.sweep:
@@ -227,7 +200,7 @@ def main() -> None:
         for case in args.sweep.split(","):
             name, dt = case.split(":")
             try:
-                rows += sweep(bench_problem(specs[name]), name, getattr(torch, dt), args.nodes, args.edges,
+                rows += sweep(bench_problem(specs[name]), name, dtype_of(dt), args.nodes, args.edges,
                               args.workers)
             except Exception:
                 print(traceback.format_exc()[-2000:], flush=True)
@@ -245,7 +218,7 @@ def main() -> None:
     for name in args.problems.split(","):
         problem = bench_problem(specs[name])
         for dt in args.dtypes.split(","):
-            dtype = getattr(torch, dt)
+            dtype = dtype_of(dt)
             try:
                 res = run_case(problem, name, dtype, args.nodes, args.edges, bandwidth, name in args.e3nn.split(","))
                 res.update(compile_times(problem, dt))

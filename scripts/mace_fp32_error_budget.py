@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from pathlib import Path
 
 import torch
 
+import mlip_accel
+from mlip_accel.patches.mace import SUPPORTED_BLOCKS
+from mlip_accel.patches.mace_probe import RTOL_FLOAT32, probe_batch, run_probe
+from mlip_accel.patches.parity import relative_error
+from mlip_accel.testing.mace_models import MODEL_CLASSES, model_of_class
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from mace_model_classes import MODEL_CLASSES, model_of_class  # noqa: E402
-
-import mlip_accel  # noqa: E402
-from mlip_accel.patches.mace import SUPPORTED_BLOCKS  # noqa: E402
-from mlip_accel.patches.mace_probe import RTOL_FLOAT32, probe_batch, run_probe  # noqa: E402
-from mlip_accel.patches.parity import relative_error  # noqa: E402
 
 
 def _worst(a: dict, b: dict) -> tuple[float, str]:

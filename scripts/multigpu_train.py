@@ -266,10 +266,6 @@ def _load(out: Path, tag: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(out.glob(f"{tag}_rank*.json"))]
 
 
-def _rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(b), 1e-30)
-
-
 def smi_gpus(smi: Path | None) -> dict[int, set[str]]:
     """pid -> GPU UUIDs it held memory on, from ``nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,
     used_memory --format=csv -lms ...`` output."""
@@ -286,6 +282,8 @@ def smi_gpus(smi: Path | None) -> dict[int, set[str]]:
 def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | None = None) -> dict:
     import torch
 
+    from mlip_accel.testing import rel_err
+
     single, multi = _load(out, f"{framework}_1"), _load(out, f"{framework}_{devices}")
     result = {"framework": framework, "devices": devices, "tolerance_rel": tol}
     if len(single) != 1 or len(multi) != devices:
@@ -300,11 +298,11 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
         # reduced over ranks, as nequip's, is the same on each rank and so its own mean)
         mean_loss = sum(r[i]["loss"] for r in ranks) / devices
         per_step.append({"step": i, "single_loss": s[i]["loss"], "multi_loss": mean_loss,
-                         "rel_diff": _rel(mean_loss, s[i]["loss"]),
+                         "rel_diff": rel_err(torch.tensor(mean_loss), torch.tensor(s[i]["loss"])),
                          "ranks_identical_params": len({r[i]["param_sha256"] for r in ranks}) == 1})
     params = [torch.load(out / f"{framework}_{devices}_rank{k}.pt") for k in range(devices)]
     p1 = torch.load(out / f"{framework}_1_rank0.pt")
-    param_diff = float((params[0].double() - p1.double()).abs().max() / p1.double().abs().max())
+    param_diff = rel_err(params[0], p1)
 
     def rank_stats(steps, rank):
         timed = [st["seconds"] for st in steps[1:]] or [steps[0]["seconds"]]  # first step: compile, warm-up

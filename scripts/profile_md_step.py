@@ -14,28 +14,20 @@ import json
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlip_accel from this tree
+
+from mlip_accel.testing.timing import wall_times  # noqa: E402
 
 
 def median_ms(fn, reps: int, sync=True) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return round(1000 * statistics.median(times), 3)
+    """Median host wall time of ``fn()`` over ``reps`` calls after 3 warm-up calls, each synchronised with the
+    GPU unless ``sync=False`` (then: the host's enqueue time)."""
+    return round(1000 * statistics.median(wall_times(fn, "cuda", min_reps=reps, max_reps=reps, warmup=3,
+                                                     sync=sync)), 3)
 
 
 def main(argv=None):

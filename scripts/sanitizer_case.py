@@ -7,16 +7,14 @@ and fp64, on a problem with partial 32-channel chunks, several phases and rows s
 Exits non-zero if a result differs from the reference backend.
 """
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from kernel_cases import TOL, graph, inputs, random_uvu_problem, rel_err  # noqa: E402
-
-from mlip_accel import reference  # noqa: E402
-from mlip_accel.graph import sort_edges  # noqa: E402
-from mlip_accel.runtime import backend as cuda  # noqa: E402
+from mlip_accel import reference
+from mlip_accel.graph import sort_edges
+from mlip_accel.runtime import backend as cuda
+from mlip_accel.testing import TOL, rel_err
+from mlip_accel.testing.conv_cases import graph, inputs, random_uvu_problem
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ pytest.importorskip("mace")
 from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
 from mlip_accel.problem.symmetric_contraction import from_mace, weight_tensors  # noqa: E402
 from mlip_accel.reference.symmetric_contraction import check_inputs, symmetric_contraction  # noqa: E402
+from mlip_accel.testing import rel_err as _rel  # noqa: E402
 
 pytestmark = pytest.mark.mace
 
@@ -54,11 +55,6 @@ def _inputs(problem, nodes: int, seed: int = 1):
     x = torch.randn(nodes, problem.channels, problem.dim_in, generator=g, dtype=torch.float64)
     elements = torch.randint(0, problem.num_elements, (nodes,), generator=g)
     return x, elements
-
-
-def _rel(a, b) -> float:
-    a, b = a.detach(), b.detach()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
 
 
 CASES = [  # (max_ell, hidden_l, correlation, elements)
