@@ -2,7 +2,7 @@
 
 For every MACE model class and interaction block, a tiny model is built in float32 and its parameters are
 copied exactly into the same model built in float64 (exact Clebsch-Gordan constants): the float64 model
-computes what the float32 one approximates. The probe structure (mlip_accel.patches.mace_probe) runs
+computes what the float32 one approximates. The probe structure (mlip_accel.patches.mace.probe) runs
 through e3nn in float32, mlip_accel (reference backend) in float32 and e3nn in float64; the table gives
 max |a - b| / max |b| over every compared output. The probe's RTOL_FLOAT32 is set from these numbers.
 
@@ -25,8 +25,8 @@ from mace_model_classes import MODEL_CLASSES, model_of_class  # noqa: E402
 
 import mlip_accel  # noqa: E402
 from mlip_accel.patches.mace import SUPPORTED_BLOCKS  # noqa: E402
-from mlip_accel.patches.mace_probe import RTOL_FLOAT32, probe_batch, run_probe  # noqa: E402
-from mlip_accel.patches.parity import relative_error  # noqa: E402
+from mlip_accel.patches.mace.probe import RTOL_FLOAT32, probe_batch, run_probe  # noqa: E402
+from mlip_accel.patches.common import relative_error  # noqa: E402
 
 
 def _worst(a: dict, b: dict) -> tuple[float, str]:
