@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 from .graph import EdgeGraph, sort_edges
 from .modules import TensorProduct, TensorProductConv, TensorSquare
-from .patches import NotAcceleratable, ParityCheckFailed
+from .errors import NotAcceleratable, ParityCheckFailed
 from .ops.backends import BackendUnavailable, cuda_unavailable_reason
 
 

@@ -32,7 +32,7 @@ def build_blocks(target: str, dtype: torch.dtype, device: str) -> dict:
     from e3nn import o3
     from mace.modules.blocks import EquivariantProductBasisBlock
 
-    from mlip_accel.patches import mace_symmetric
+    from mlip_accel.patches.mace import symmetric as mace_symmetric
     from mlip_accel.problem.e3nn_compat import default_dtype
 
     blocks = {}

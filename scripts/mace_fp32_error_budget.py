@@ -2,7 +2,7 @@
 
 For every MACE model class and interaction block, a tiny model is built in float32 and its parameters are
 copied exactly into the same model built in float64 (exact Clebsch-Gordan constants): the float64 model
-computes what the float32 one approximates. The probe structure (mlip_accel.patches.mace_probe) runs
+computes what the float32 one approximates. The probe structure (mlip_accel.patches.mace.probe) runs
 through e3nn in float32, mlip_accel (reference backend) in float32 and e3nn in float64; the table gives
 max |a - b| / max |b| over every compared output. The probe's RTOL_FLOAT32 is set from these numbers.
 
@@ -19,8 +19,8 @@ import torch
 
 import mlip_accel
 from mlip_accel.patches.mace import SUPPORTED_BLOCKS
-from mlip_accel.patches.mace_probe import RTOL_FLOAT32, probe_batch, run_probe
-from mlip_accel.patches.parity import relative_error
+from mlip_accel.patches.mace.probe import RTOL_FLOAT32, probe_batch, run_probe
+from mlip_accel.patches.common import relative_error
 from mlip_accel.testing.mace_models import MODEL_CLASSES, model_of_class
 
 ROOT = Path(__file__).resolve().parents[1]

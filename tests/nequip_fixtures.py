@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mlip_accel.patches.parity import relative_error  # noqa: F401  (the tests use F.relative_error)
+from mlip_accel.patches.common import relative_error  # noqa: F401  (the tests use F.relative_error)
 
 TYPE_NAMES = ("Cu", "Ag")
 R_MAX = 4.0

@@ -140,7 +140,7 @@ def test_cli_backend_line_gives_the_fallback_reason(monkeypatch):
     pytest.importorskip("ase")
     from mlip_accel.integrations import cli
 
-    monkeypatch.setattr(mlip_accel, "cuda_unavailable_reason", lambda: NO_CUPY)
+    monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: NO_CUPY)  # where the CLI looks it up
     calc = SimpleNamespace(potential=SimpleNamespace(accelerated=True, device=torch.device("cuda")), backend="reference")
     assert cli._backend_text(calc) == ("mlip_accel, reference: PyTorch reference implementation (no CUDA kernels); "
                                        f"the CUDA kernels cannot run: {NO_CUPY}")

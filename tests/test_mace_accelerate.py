@@ -9,8 +9,8 @@ pytest.importorskip("mace")
 
 import mlip_accel  # noqa: E402
 from mlip_accel.patches import mace as mace_patch  # noqa: E402
-from mlip_accel.patches import mace_conv  # noqa: E402
-from mlip_accel.patches.mace_conv import MACEFusedConv  # noqa: E402
+from mlip_accel.patches.mace import conv as mace_conv  # noqa: E402
+from mlip_accel.patches.mace.conv import MACEFusedConv  # noqa: E402
 from mlip_accel import ParityCheckFailed  # noqa: E402
 
 from mace_fixtures import (BLOCKS, TOLERANCE, assert_close, batch_for, emt_structures, evaluate,  # noqa: E402
@@ -65,7 +65,7 @@ def test_parity_fp64_converted_from_fp32(structures):
 
 
 def test_self_check_tolerance_follows_how_the_model_was_built():
-    from mlip_accel.patches import mace_probe
+    from mlip_accel.patches.mace import probe as mace_probe
 
     def rtol(model):
         return mace_probe.tolerance(model, [m.conv_tp for m in model.interactions])

@@ -14,8 +14,8 @@ pytest.importorskip("mace")
 
 import mlip_accel  # noqa: E402
 from mlip_accel.patches import mace as mace_patch  # noqa: E402
-from mlip_accel.patches.mace_conv import MACEFusedConv  # noqa: E402
-from mlip_accel.patches.mace_probe import COMPARED, RTOL_FLOAT32, probe_call  # noqa: E402
+from mlip_accel.patches.mace.conv import MACEFusedConv  # noqa: E402
+from mlip_accel.patches.mace.probe import COMPARED, RTOL_FLOAT32, probe_call  # noqa: E402
 from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
 
 from mace_fixtures import batch_for, emt_structures  # noqa: E402

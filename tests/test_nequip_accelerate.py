@@ -13,8 +13,8 @@ nequip = pytest.importorskip("nequip")
 import mlip_accel  # noqa: E402
 from mlip_accel import graph as graph_module  # noqa: E402
 import nequip_fixtures as F  # noqa: E402
-from mlip_accel.integrations.nequip import probe, tp_scatter  # noqa: E402
-from mlip_accel.integrations.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
+from mlip_accel.patches.nequip import probe, tp_scatter  # noqa: E402
+from mlip_accel.patches.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
 
 pytestmark = pytest.mark.nequip
 

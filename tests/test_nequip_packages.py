@@ -11,7 +11,7 @@ pytest.importorskip("nequip")
 
 import mlip_accel  # noqa: E402
 import nequip_fixtures as F  # noqa: E402
-from mlip_accel.integrations.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
+from mlip_accel.patches.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
 
 pytestmark = pytest.mark.nequip
 FLAG = [{"modifier": "enable_MlipAccel", "backend": "reference"}]

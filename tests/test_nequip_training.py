@@ -16,7 +16,7 @@ import mlip_accel  # noqa: E402
 import nequip_fixtures as F  # noqa: E402
 from mlip_accel.integrations.nequip import example  # noqa: E402
 from mlip_accel.integrations.nequip.example.make_dataset import main as make_dataset  # noqa: E402
-from mlip_accel.integrations.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
+from mlip_accel.patches.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
 
 pytestmark = pytest.mark.nequip
 

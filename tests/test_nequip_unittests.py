@@ -9,7 +9,7 @@ from nequip.model.modify_utils import modify  # noqa: E402
 from nequip.utils.unittests.conftest import *  # noqa: E402,F401,F403  (nequip's fixtures for its model tests)
 from nequip.utils.unittests.model_tests_basic import EnergyModelTestsMixin  # noqa: E402
 
-from mlip_accel.integrations.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
+from mlip_accel.patches.nequip.tp_scatter import MlipAccelTensorProductScatter  # noqa: E402
 
 pytestmark = pytest.mark.nequip
 

@@ -99,7 +99,7 @@ def test_accelerated_mace_model_on_gpu(dtype):
     import mlip_accel
     from mace_fixtures import batch_for, emt_structures, evaluate, relative_errors
     from test_symmetric_contraction_mace import _model
-    from mlip_accel.patches.mace_symmetric import MACESymmetricContraction
+    from mlip_accel.patches.mace.symmetric import MACESymmetricContraction
 
     plain = _model(correlation=3, dtype=dtype)
     batch = {k: v.to(DEV) if torch.is_tensor(v) else v for k, v in batch_for(plain, emt_structures(2)).items()}

@@ -12,10 +12,10 @@ import torch
 pytest.importorskip("mace")
 
 import mlip_accel  # noqa: E402
-from mlip_accel.patches import NotAcceleratable  # noqa: E402
+from mlip_accel.errors import NotAcceleratable  # noqa: E402
 from mlip_accel.patches import mace as mace_patch  # noqa: E402
-from mlip_accel.patches.mace_conv import MACEFusedConv  # noqa: E402
-from mlip_accel.patches.mace_symmetric import MACESymmetricContraction, element_index  # noqa: E402
+from mlip_accel.patches.mace.conv import MACEFusedConv  # noqa: E402
+from mlip_accel.patches.mace.symmetric import MACESymmetricContraction, element_index  # noqa: E402
 from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
 from mlip_accel.problem.symmetric_contraction import weight_tensors  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_element_index_out_of_range_refused():
 
 
 def test_inference_mode_and_one_check_per_pass(structures, monkeypatch):
-    from mlip_accel.patches import mace_symmetric
+    from mlip_accel.patches.mace import symmetric as mace_symmetric
 
     plain = _model(correlation=3)
     fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")

@@ -19,7 +19,7 @@ ts = pytest.importorskip("torch_sim", reason="torch-sim-atomistic (Python >= 3.1
                                              "run `make test-torchsim`")
 
 import mlip_accel  # noqa: E402
-from mlip_accel.patches.parity import relative_error  # noqa: E402
+from mlip_accel.patches.common import relative_error  # noqa: E402
 
 CPU = torch.device("cpu")
 # the issue's parity requirement, max |accelerated - plain| / max |plain| per output and system

@@ -244,7 +244,8 @@ def _signal_number(name: str) -> int:
 
 def _framework_input_errors() -> tuple:
     """mlip_accel's own refusals that are about the user's model or machine, not a bug."""
-    from mlip_accel import BackendUnavailable, NotAcceleratable
+    from ..errors import NotAcceleratable
+    from ..ops.backends import BackendUnavailable
 
     return (NotAcceleratable, BackendUnavailable)
 
@@ -500,7 +501,7 @@ def _backend_text(calc) -> str:
     kind = "fused CUDA kernels" if calc.backend == "cuda" else "PyTorch reference implementation (no CUDA kernels)"
     text = f"mlip_accel, {calc.backend}: {kind}"
     if calc.backend == "reference" and calc.potential.device.type == "cuda":
-        from mlip_accel import cuda_unavailable_reason
+        from ..ops.backends import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         text += f"; the CUDA kernels cannot run: {reason}" if reason else "; --backend reference was asked for"

@@ -24,12 +24,12 @@ _CONVERTERS = ("enable_cueq", "only_cueq", "enable_oeq")
 
 def _accelerated_configure_model(configure_model, device: str):
     def configure_and_accelerate(*args, **kwargs):
-        import mlip_accel
-        from ..patches.mace_conv import MACEFusedConv
+        from ..patches import accelerate
+        from ..patches.mace.conv import MACEFusedConv
 
         model, output_args = configure_model(*args, **kwargs)
         model.to(device)
-        mlip_accel.accelerate(model)
+        accelerate(model)
         blocks = sum(isinstance(m, MACEFusedConv) for m in model.modules())
         logging.info(f"mlip_accel: fused convolution in {blocks} interaction blocks (parity self-check passed)")
         return model, output_args

@@ -41,6 +41,6 @@ def model_of_class(cls_name: str, block: str = "RealAgnosticResidualInteractionB
 
 
 def call_kwargs(cls_name: str) -> dict:
-    from mlip_accel.patches.mace_probe import PROBE_CALLS
+    from mlip_accel.patches.mace.probe import PROBE_CALLS
 
     return dict(PROBE_CALLS[cls_name])

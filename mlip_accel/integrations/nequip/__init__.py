@@ -16,7 +16,7 @@ and the script that generates its dataset.
 """
 from .loaders import ModelFromPackage
 from .modifier import MODIFIER_NAME, register
-from .probe import ParityCheckFailed
+from ...errors import ParityCheckFailed
 
 register()
 

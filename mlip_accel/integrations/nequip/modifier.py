@@ -1,4 +1,5 @@
-"""The ``enable_MlipAccel`` model modifier, attached to NequIP's ``TensorProductScatter``.
+"""The ``enable_MlipAccel`` model modifier, attached to NequIP's ``TensorProductScatter`` (what it does to a
+model: :mod:`mlip_accel.patches.nequip.modifier`).
 
 NequIP finds model modifiers as decorated classmethods of the modules inside a model, so registering
 means adding one to ``TensorProductScatter``. Importing this module stays cheap (it runs during
@@ -12,26 +13,9 @@ import importlib.util
 import logging
 import sys
 
+from ...patches.nequip.modifier import MODIFIER_NAME
+
 logger = logging.getLogger(__name__)
-
-MODIFIER_NAME = "enable_MlipAccel"
-
-
-def check_supported(model) -> None:
-    """Refuse the NequIP workflows the fused convolution cannot run in, saying why."""
-    from nequip.scripts._workflow_utils import get_workflow_state
-
-    if get_workflow_state() == "compile":
-        # nequip-compile is a command line: one line and a non-zero exit, not a traceback
-        raise SystemExit(
-            f"nequip-compile: --modifiers {MODIFIER_NAME} cannot be compiled: its kernels are launched from "
-            "Python (torch.library custom ops + CuPy), which neither TorchScript nor an AOTInductor artifact "
-            "can carry. Compile without it, or run the eager model (NequIPCalculator._from_saved_model on the "
-            ".nequip.zip or checkpoint) accelerated by mlip_accel.accelerate(calculator).")
-    if getattr(model, "is_compile_graph_model", False):
-        raise RuntimeError(
-            f"{MODIFIER_NAME} does not support NequIP's train-time compile (compile_mode: compile); "
-            "build the model with compile_mode: eager (the fused convolution is the acceleration).")
 
 
 def _enable_mlip_accel(cls, model, deterministic: bool = True, backend: str = "auto"):
@@ -43,15 +27,9 @@ def _enable_mlip_accel(cls, model, deterministic: bool = True, backend: str = "a
         backend (str): ``auto`` (CUDA kernels for CUDA tensors when CuPy works, else the PyTorch
             reference), ``cuda`` or ``reference``. On CPU only the reference runs: correct, not faster.
     """
-    from .tp_scatter import apply, plan_swaps
+    from ...patches.nequip.modifier import enable
 
-    check_supported(model)
-    swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
-    apply(swaps)
-    # a visible line in nequip-train's log: the acceleration is on (or was already)
-    logger.info(f"{MODIFIER_NAME}: {len(swaps)} TensorProductScatter layer(s) switched to mlip_accel's fused "
-                f"convolution (deterministic={deterministic}, backend={backend!r})")
-    return model
+    return enable(model, deterministic=deterministic, backend=backend)
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,7 +141,7 @@ def register_in(model) -> None:
     ``nequip-package`` file is built from the package's copy, whose class needs it too before
     ``nequip.model.modify`` can find it.
     """
-    from .tp_scatter import is_tensor_product_scatter
+    from ...patches.nequip.tp_scatter import is_tensor_product_scatter
 
     for cls in {type(m) for m in model.modules() if is_tensor_product_scatter(m)}:
         if MODIFIER_NAME not in cls.__dict__:

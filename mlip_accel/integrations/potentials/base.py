@@ -102,13 +102,13 @@ class Potential:
 
     def accelerate(self, backend: str = "auto", deterministic: bool = True) -> "Potential":
         """Swap mlip_accel's fused convolution into the model (through :func:`mlip_accel.accelerate`)."""
-        import mlip_accel
-        from mlip_accel.ops.backends import check_backend_name, resolve
+        from ...ops.backends import check_backend_name, resolve
+        from ...patches import accelerate
 
         check_backend_name(backend)
         if backend == "cuda" and self.device.type != "cuda":
             raise InputError(f"backend 'cuda' needs a CUDA device, but the model runs on {self.device}")
-        self.model = mlip_accel.accelerate(self.model, backend=backend, deterministic=deterministic) or self.model
+        self.model = accelerate(self.model, backend=backend, deterministic=deterministic) or self.model
         self.accelerated = True
         self.backend = resolve(backend, self.device)
         return self

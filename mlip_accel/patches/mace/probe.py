@@ -16,6 +16,10 @@ import re
 import numpy as np
 import torch
 
+# the tolerance policy, shared with the NequIP probe (and why) is in patches/common.py
+from ..common import RTOL_FLOAT32, RTOL_FLOAT64, RTOL_FLOAT64_ROUNDED_CG  # noqa: F401
+from ..common import tolerance as dtype_tolerance
+
 # Outputs compared where the model returns them; "node_feats" holds every interaction's output, so a bad
 # layer cannot hide; dmu_dr / dalpha_dr are the dielectric model's derivatives through every convolution.
 COMPARED = ("energy", "forces", "stress", "node_feats", "dipole", "atomic_dipoles", "charges", "polarizability",
@@ -30,22 +34,6 @@ PROBE_CALLS = {
     "AtomicDipolesMACE": {},
     "AtomicDielectricMACE": {"compute_dielectric_derivatives": True},
 }
-
-# Relative tolerance of the check, max|accelerated - e3nn| <= RTOL * max|e3nn| per output. A real mismatch
-# (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more.
-#   float32: set from measured error budgets against the same parameters in float64 with exact constants
-#            (scripts/mace_fp32_error_budget.py -> benchmarks/mace_fp32_error_budget.md; every model class
-#            x interaction block): e3nn fp32 vs fp64 <= 7.7e-6, ours fp32 vs fp64 <= 7.2e-6 (ours tracks
-#            e3nn's own rounding, ratio <= 1.4), so |ours - e3nn| <= 1.5e-5 by the triangle inequality
-#            (2.0e-6 measured). 1e-4 leaves a 6x margin over that bound, 100x under a real mismatch.
-#            (A 1e-5 tolerance, as in MACE's own conversion tests, is at e3nn's own float32 error.)
-#   float64, model built under float64 (as MACE's training does; e3nn's constants exact): <= 1e-13.
-#   float64, model built under float32 then .double() (e3nn 0.4.4 keeps the Clebsch-Gordan buffers it
-#            computed in float32, rel. error up to 6e-8, while ours are exact): <= 2e-10 measured; the
-#            bound is set from the constants' error, not from the measurement, with a 15x margin.
-RTOL_FLOAT32 = 1e-4
-RTOL_FLOAT64 = 1e-9
-RTOL_FLOAT64_ROUNDED_CG = 1e-6
 
 
 def model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -118,7 +106,7 @@ def run_probe(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
 
 def _cg_rounded(e3nn_tp: torch.nn.Module) -> bool:
     """Whether this float64 e3nn module's Clebsch-Gordan buffers were computed in float32 and cast."""
-    from ..problem.e3nn_compat import o3
+    from ...problem.e3nn_compat import o3
 
     for name, buf in e3nn_tp.named_buffers():
         found = re.search(r"_w3j_(\d+)_(\d+)_(\d+)$", name)
@@ -131,6 +119,5 @@ def _cg_rounded(e3nn_tp: torch.nn.Module) -> bool:
 
 
 def tolerance(model: torch.nn.Module, e3nn_tps) -> float:
-    if model_dtype(model) != torch.float64:
-        return RTOL_FLOAT32
-    return RTOL_FLOAT64_ROUNDED_CG if any(_cg_rounded(tp) for tp in e3nn_tps) else RTOL_FLOAT64
+    dtype = model_dtype(model)
+    return dtype_tolerance(dtype, rounded_constants=dtype == torch.float64 and any(_cg_rounded(tp) for tp in e3nn_tps))

@@ -1,7 +1,8 @@
 """``mlip_accel.accelerate`` for NequIP (nequip 0.19): models, loaded models, packaged models, calculators.
 
-The swap itself lives in :mod:`mlip_accel.integrations.nequip.tp_scatter` and is shared with the
-``enable_MlipAccel`` model modifier; this adapter adds what a one-call API needs: recognising what it was
+The swap itself lives in :mod:`.tp_scatter` and is shared with the ``enable_MlipAccel`` model modifier
+(:mod:`.modifier`, registered with nequip by :mod:`mlip_accel.integrations.nequip`); this adapter adds what
+a one-call API needs: recognising what it was
 given (including the foreign classes of a ``nequip-package`` file, matched by name), refusing compiled
 models with a reason, and the parity self-check that undoes the swap if results would change.
 """
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from . import NotAcceleratable, check_not_inference
+from ...errors import NotAcceleratable
+from ..common import check_not_inference, check_options, compare_outputs, swap_transaction, tolerance
 
 _COMPILED_HINT = ("Accelerate the eager model instead: load the checkpoint or package with nequip's loaders "
                   "(nequip.model.ModelFromCheckpoint / ModelFromPackage, or NequIPCalculator._from_saved_model) "
@@ -50,7 +52,7 @@ def _scripted_nequip(obj) -> bool:
 
 
 def claims(obj) -> bool:
-    from ..integrations.nequip.tp_scatter import is_accelerated, is_tensor_product_scatter
+    from .tp_scatter import is_accelerated, is_tensor_product_scatter
 
     if _from_nequip(obj) or _scripted_nequip(obj):
         return True
@@ -60,8 +62,8 @@ def claims(obj) -> bool:
 
 
 def _refuse_unless_acceleratable(model) -> None:
-    from ..integrations.nequip.modifier import check_supported
-    from ..integrations.nequip.tp_scatter import is_accelerated, is_tensor_product_scatter
+    from .modifier import check_supported
+    from .tp_scatter import is_accelerated, is_tensor_product_scatter
 
     kind = _compiled_kind(model)
     if kind is not None:
@@ -88,16 +90,14 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     """Swap mlip_accel's fused convolution into a NequIP model or ``NequIPCalculator``, in place.
 
     Returns ``obj`` itself. ``check=True`` compares the model before and after on a probe (see
-    :mod:`mlip_accel.integrations.nequip.probe`) and, on a mismatch, restores the original layers and
+    :mod:`mlip_accel.patches.nequip.probe`) and, on a mismatch, restores the original layers and
     raises ``ParityCheckFailed``. Applying it again is a no-op; with other options the accelerated layers
     are rebuilt with them (and checked again).
     """
-    from ..integrations.nequip import probe
-    from ..integrations.nequip.tp_scatter import apply, check_options, plan_swaps, undo
+    from . import probe
+    from .tp_scatter import apply, plan_swaps, undo
 
-    check_options(deterministic, backend)
-    if not isinstance(check, bool):
-        raise TypeError(f"check must be True or False, got {check!r}")
+    check_options(deterministic, backend, check)
     model = obj.model if _is_calculator(obj) else obj
     check_not_inference(model)
     _refuse_unless_acceleratable(model)
@@ -110,14 +110,11 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     references = [(m, probe.probe_structure(m)) for m in model.modules() if probe.is_graph_model(m)]
     references = [(m, data, probe.evaluate(m, data)) for m, data in references]
     names = {id(m): name for name, m in model.named_modules()}
-    apply(swaps)
-    try:
+    with swap_transaction() as steps:
+        steps.append(lambda: undo(swaps))
+        apply(swaps)
         for s in swaps:
             probe.check_layer(s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
         for m, data, before in references:
-            probe.compare_outputs(before, probe.evaluate(m, data), probe.tolerance(m.model_dtype),
-                                  where=type(m).__name__)
-    except BaseException:
-        undo(swaps)  # never hand back a model whose results changed
-        raise
+            compare_outputs(before, probe.evaluate(m, data), tolerance(m.model_dtype), where=type(m).__name__)
     return obj

@@ -14,16 +14,10 @@ import contextlib
 
 import torch
 
-from ...patches.parity import ParityCheckFailed, compare_outputs, relative_error
+from ...errors import ParityCheckFailed
+from ..common import relative_error, tolerance
 
-# max |new - old| / max |old| allowed per output, by dtype (the parity requirement)
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
-LOW_PRECISION_TOLERANCE = 1e-2
 _SEED = 20250101
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    return TOLERANCE.get(dtype, LOW_PRECISION_TOLERANCE)
 
 
 @contextlib.contextmanager

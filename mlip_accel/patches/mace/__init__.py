@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..problem.e3nn_compat import o3
-from . import NotAcceleratable, check_not_inference
-from . import mace_symmetric
-from ..graph import EdgeSortCache
-from .mace_conv import MACEFusedConv
-from .mace_probe import probe_batch, run_probe, tolerance
-from .parity import ParityCheckFailed, compare_outputs
+from ...errors import NotAcceleratable, ParityCheckFailed
+from ...graph import EdgeSortCache
+from ...problem.e3nn_compat import o3
+from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
+from . import symmetric as mace_symmetric
+from .conv import MACEFusedConv
+from .probe import probe_batch, run_probe, tolerance
 
 CONV_FUSION_TAG = "mlip_accel"
 
@@ -120,8 +120,8 @@ def _install(blocks, backend: str, deterministic: bool) -> list:
     for block in blocks:
         conv = block.conv_tp
         if isinstance(conv, MACEFusedConv):  # already accelerated: take the requested settings
-            undo.append((block, conv, (conv.conv.backend, conv.conv.deterministic)))
-            conv.conv.backend, conv.conv.deterministic = backend, bool(deterministic)
+            undo.append((block, conv, conv.options))
+            conv.set_options(backend=backend, deterministic=bool(deterministic))
             continue
         try:
             fused = MACEFusedConv(conv, shared, backend=backend, deterministic=deterministic)
@@ -141,7 +141,7 @@ def _uninstall(undo) -> None:
             block.conv_tp = conv
             del block.conv_fusion
         else:
-            conv.conv.backend, conv.conv.deterministic = settings
+            conv.set_options(**settings)
 
 
 def _plain_outputs(model, blocks, batch):
@@ -170,30 +170,22 @@ def _probe_plain(model, blocks, batch):
 
 
 def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -> None:
-    from ..ops.backends import check_backend_name
-
-    check_backend_name(backend)
-    for name, value in (("deterministic", deterministic), ("check", check)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
+    check_options(deterministic, backend, check)
     for model in models:
         check_not_inference(model)
     plans = [(_plan(model), mace_symmetric.plan(model)) for model in models]
-    done = []
-    try:
+    with swap_transaction() as undo:
         for model, (blocks, products) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None
-            undo = _install(blocks, backend, deterministic)
-            done.append((_uninstall, undo))
-            done.append((mace_symmetric.uninstall, mace_symmetric.install(products, backend)))
+            convs = _install(blocks, backend, deterministic)
+            undo.append(lambda convs=convs: _uninstall(convs))
+            contractions = mace_symmetric.install(products, backend)
+            undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
-                compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps), where=type(model).__name__)
-    except BaseException:
-        for uninstall, undo in reversed(done):
-            uninstall(undo)
-        raise
+                compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps),
+                                where=type(model).__name__)
 
 
 def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True):
