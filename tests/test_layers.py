@@ -24,6 +24,7 @@ LAYERS = (
     ("modules",),
     ("patches",),
     ("integrations",),
+    ("testing",),  # test and benchmark support (cases, timers, the error helper): used by tests and scripts only
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 ROOT_RANK = len(LAYERS)
