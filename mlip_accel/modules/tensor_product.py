@@ -116,7 +116,7 @@ class TensorProduct(_TPBase):
         if checking and e3nn_api.runs_on_reference_only(p, x2.shape[0]):
             backend = "reference"
         else:
-            backend = backends.resolve(self.backend, x.device)
+            backend = backends.resolve(self.backend, x.device, self.problem)
         out = torch.ops.mlip_accel.tp_forward(x2, y2, w2, self.problem_key, backend)
         return out if len(batch) == 1 else out.reshape(*batch, out.shape[-1])
 
@@ -230,6 +230,6 @@ class TensorProductConv(_TPBase):
             g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr)
         else:
             g = (None, None, None, None)
-        backend = backends.resolve(self.backend, x.device)
+        backend = backends.resolve(self.backend, x.device, self.problem)
         return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
                                                  self.problem_key, backend)

@@ -3,25 +3,22 @@
 ``tp_forward``, ``tp_backward``, ``conv_forward`` and ``conv_backward`` take and return what
 ``mlip_accel.reference`` does. ``graph`` (an :class:`~mlip_accel.graph.EdgeGraph`) selects the
 deterministic convolution (CSR walk + fixup; grad x walks the transpose permutation), ``graph=None`` the
-atomic one. Problems the kernels do not implement (shared weights, modes other than uvu) run on the
-reference backend, logged once per problem. Importing this module imports neither CuPy nor a GPU.
+atomic one. Which problems run here is decided before, by ``ops.backends.resolve`` (problems the kernels do
+not implement are refused there for backend="cuda", sent to the reference for "auto"). Importing this module imports neither CuPy nor a GPU.
 """
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 
 import torch
 
-from .. import reference
-from ..codegen import BLOCK_THREADS, GeneratedModule, KernelSpec, generate, unsupported_reason
+from ..codegen import BLOCK_THREADS, GeneratedModule, KernelSpec, generate
 from ..graph import EdgeGraph
 from ..problem import TPProblem
 from . import debug
 from .executor import I32, I64, accepts_device, executor_for
 
-_LOG = logging.getLogger("mlip_accel")
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 WARPS_PER_BLOCK = BLOCK_THREADS // 32
 FIXUP_THREADS = 128
@@ -73,7 +70,6 @@ def edges_per_warp(n: int):
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
 _COLUMNS: dict[tuple, torch.Tensor | None] = {}
-_FALLBACK_LOGGED: set[str] = set()
 
 
 def _key(problem: TPProblem) -> str:
@@ -81,17 +77,6 @@ def _key(problem: TPProblem) -> str:
     if hit is None or hit[0] is not problem:
         hit = _KEYS[id(problem)] = (problem, problem.key)
     return hit[1]
-
-
-def _fallback_reason(problem: TPProblem) -> str | None:
-    reason = unsupported_reason(problem)
-    if reason is not None:
-        key = _key(problem)
-        if key not in _FALLBACK_LOGGED:
-            _FALLBACK_LOGGED.add(key)
-            _LOG.warning("mlip_accel: the CUDA kernels do not implement %s (%s); using the reference backend "
-                         "for it", problem.describe(), reason)
-    return reason
 
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
@@ -269,8 +254,6 @@ def _zeros_like_need(x, y, w, need):
 
 def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     check_one_device(x=x, y=y, w=w)
-    if _fallback_reason(problem) is not None:
-        return reference.tp_forward(problem, x, y, w)
     _check_tp(problem, x, y, w)
     rows = x.shape[0]
     if rows == 0:
@@ -286,8 +269,6 @@ def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Te
 def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
     need = tuple(bool(n) for n in need)
     check_one_device(x=x, y=y, w=w, grad_z=grad_z)
-    if _fallback_reason(problem) is not None:
-        return reference.tp_backward(problem, x, y, w, grad_z, need)
     _check_tp(problem, x, y, w, grad_z)
     rows = x.shape[0]
     if rows == 0 or not any(need):
@@ -302,8 +283,6 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
 
 def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) -> torch.Tensor:
     check_one_device(x=x, y=y, w=w, edge_dst=edge_dst, edge_src=edge_src, **_graph_tensors(graph))
-    if _fallback_reason(problem) is not None:
-        return reference.conv_forward(problem, x, y, w, edge_dst, edge_src, graph)
     _check_conv(problem, x, y, w, edge_dst, edge_src, graph)
     num_nodes, num_edges = x.shape[0], y.shape[0]
     with _device_guard(x.device):
@@ -321,8 +300,6 @@ def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) ->
 def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, graph=None, need=(True, True, True)):
     need = tuple(bool(n) for n in need)
     check_one_device(x=x, y=y, w=w, grad_z=grad_z, edge_dst=edge_dst, edge_src=edge_src, **_graph_tensors(graph))
-    if _fallback_reason(problem) is not None:
-        return reference.conv_backward(problem, x, y, w, grad_z, edge_dst, edge_src, graph, need)
     _check_conv(problem, x, y, w, edge_dst, edge_src, graph, grad_z)
     num_nodes, num_edges = x.shape[0], y.shape[0]
     if num_edges == 0 or not any(need):
