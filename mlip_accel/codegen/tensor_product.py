@@ -1,4 +1,5 @@
-"""CUDA source for one (problem, dtype, direction, variant): plain data in, source text out, no GPU.
+"""The tensor-product family (batched TP and fused convolution): CUDA source and launch plans for one
+(problem, dtype, direction, variant): plain data in, source text out, no GPU.
 
 The kernel skeleton lives in ``templates/`` (walk.cu: the segmented walk over a permuted edge list,
 phase.cu: one phase of it, fixup.cu: the second pass of the deterministic variant). This module fills in
@@ -12,12 +13,10 @@ degenerate walk where every edge is its own row.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from pathlib import Path as FilePath
-from string import Template
 
 from ..problem import TPProblem, irreps_str
 from . import nonzeros
+from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
 
@@ -29,14 +28,6 @@ MAX_MUL_IN2 = 16  # v of uvu is unrolled
 BLOCK_THREADS = 128
 FIXUP_THREADS = 128
 FAMILY = "tensor_product"
-
-_TEMPLATES = FilePath(__file__).parent / "templates"
-
-
-@functools.lru_cache(maxsize=None)
-def _template(name: str) -> Template:
-    return Template((_TEMPLATES / name).read_text())
-
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -120,31 +111,6 @@ def unsupported_reason(problem: TPProblem) -> str | None:
 
 
 # --- small emission helpers ------------------------------------------------------------------------------
-
-class _Lines:
-    def __init__(self, indent: int):
-        self.lines: list[str] = []
-        self.indent = indent
-
-    def __call__(self, text: str = "") -> None:
-        self.lines.append("  " * self.indent + text if text else "")
-
-    def block(self, opening: str = "", comment: str | None = None):
-        lines = self
-
-        class _Block:
-            def __enter__(self):
-                lines((opening + " {" if opening else "{") + (f"  // {comment}" if comment else ""))
-                lines.indent += 1
-
-            def __exit__(self, *exc):
-                lines.indent -= 1
-                lines("}")
-        return _Block()
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
 
 def _node_addr(row: str, offset: int, mul: int, width: int, u: str, i: int, layout: str) -> str:
     """Address of element (u, i) of an irrep block in a node row: mul_ir (e3nn's) or ir_mul (transposed)."""
