@@ -17,27 +17,24 @@ from pathlib import Path
 import torch
 
 from mlip_accel.codegen import GeneratedModule
+from mlip_accel.codegen.launch_plan import LaunchPlan
 from mlip_accel.runtime.executor import I32, I64
 
 SHIM = Path(__file__).with_name("cuda_emulator.h")
 CXX = shutil.which("g++")
 
-_WALK_ARGS = ("(const T*)a[0], (const T*)a[1], (const T*)a[2], (const T*)a[3], (const long long*)a[4], "
-              "(const long long*)a[5], (const long long*)a[6], (T*)a[7], (T*)a[8], (T*)a[9], (T*)a[10], "
-              "(long long)a[11], (int)a[12]")
-_FIXUP_ARGS = ("(const long long*)a[0], (const long long*)a[1], (const T*)a[2], (T*)a[3], (long long)a[4], "
-               "(int)a[5], (int)a[6]")
-
-
 def available() -> bool:
     return CXX is not None
 
 
-def _wrapper(kernel: str, args: str) -> str:
-    return (f"static void body_{kernel}(const unsigned long long* a) {{ {kernel}({args}); }}\n"
-            f'extern "C" void emu_{kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
+def entry(plan: LaunchPlan) -> str:
+    """g++ entry point ``emu_<kernel>`` running ``plan``'s kernel over a grid; arguments cast as the plan says
+    (the one statement of the signature is the plan)."""
+    casts = ", ".join(f"({a.ctype})a[{i}]" for i, a in enumerate(plan.arguments))
+    return (f"static void body_{plan.kernel}(const unsigned long long* a) {{ {plan.kernel}({casts}); }}\n"
+            f'extern "C" void emu_{plan.kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
             f"unsigned bz, const unsigned long long* a) {{\n"
-            f"  emu::run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{kernel}, a);\n}}\n")
+            f"  emu::run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{plan.kernel}, a);\n}}\n")
 
 
 class CpuEmulator:
@@ -55,9 +52,7 @@ class CpuEmulator:
         hit = self._libs.get(id(module))
         if hit is not None and hit[0] is module:
             return hit[1]
-        source = module.source + "\n" + _wrapper(module.walk_kernel, _WALK_ARGS)
-        if module.fixup_kernel:
-            source += _wrapper(module.fixup_kernel, _FIXUP_ARGS)
+        source = module.source + "\n" + "".join(entry(plan) for plan in module.plans)
         digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
         lib_path = self.build_dir / f"{digest}.so"
         if not lib_path.exists():

@@ -11,16 +11,8 @@ from pathlib import Path
 
 import torch
 
-from cuda_emulator import CXX, SHIM, available  # noqa: F401  (available: re-exported for skip markers)
-from mlip_accel.codegen.launch_plan import GeneratedKernel, LaunchPlan
-
-
-def _entry(plan: LaunchPlan) -> str:
-    casts = ", ".join(f"({a.ctype})a[{i}]" for i, a in enumerate(plan.arguments))
-    return (f"static void body_{plan.kernel}(const unsigned long long* a) {{ {plan.kernel}({casts}); }}\n"
-            f'extern "C" void emu_{plan.kernel}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, '
-            f"unsigned bz, const unsigned long long* a) {{\n"
-            f"  emu::run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{plan.kernel}, a);\n}}\n")
+from cuda_emulator import CXX, SHIM, available, entry  # noqa: F401  (available: re-exported for skip markers)
+from mlip_accel.codegen.launch_plan import GeneratedKernel
 
 
 class PlanEmulator:
@@ -33,7 +25,7 @@ class PlanEmulator:
         return device.type == "cpu"
 
     def _library(self, kernel: GeneratedKernel) -> ctypes.CDLL:
-        source = kernel.source + "\n" + _entry(kernel.plan)
+        source = kernel.source + "\n" + entry(kernel.plan)
         digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
         lib = self._libs.get(digest)
         if lib is not None:

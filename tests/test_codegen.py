@@ -141,3 +141,36 @@ def test_codegen_imports_without_cupy_or_gpu():
     code = ("import sys; import mlip_accel.codegen, mlip_accel.runtime.backend; "
             "assert 'cupy' not in sys.modules, 'cupy imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_conv_walk_carries_its_launch_plan():
+    # issue 12: the walk's signature, layouts, grid and zeroed outputs live in the plan codegen emits; the
+    # source's parameter list is written from it and the plan survives JSON (what a C++ launcher would read)
+    from mlip_accel.codegen.launch_plan import LaunchPlan
+    a = random_uvu_problem(3)
+    det_fwd = generate(KernelSpec(a, "float32", "forward", "det", budget=8))
+    plan = det_fwd.walk_plan
+    assert f"{plan.kernel}(\n    {plan.parameters()})" in det_fwd.source
+    assert f"{det_fwd.fixup_plan.kernel}(\n    {det_fwd.fixup_plan.parameters()})" in det_fwd.source
+    assert [x.name for x in plan.arguments][-2:] == ["num_edges", "edges_per_warp"]
+    assert plan.argument("x").layout.endswith("ir_mul") and not plan.argument("order").optional
+    assert plan.argument("gz").optional and plan.argument("gw_out").optional and plan.zero_outputs == ("acc_out",)
+    assert plan.grid.grid_for({"num_edges": 1000, "edges_per_warp": 32}) == ((8, det_fwd.num_phases, 1),
+                                                                              (128, 1, 1))
+    assert dict(plan.tuning)["accumulators_per_lane"] == 8
+    for p in det_fwd.plans:
+        assert LaunchPlan.from_json(p.to_json()) == p
+    tp_bwd = generate(KernelSpec(a, "float64", "backward", "tp", need=(False, True, True)))
+    assert tp_bwd.fixup_plan is None and tp_bwd.walk_plan.zero_outputs == ()
+    assert tp_bwd.walk_plan.argument("x").layout.endswith("mul_ir") and tp_bwd.walk_plan.argument("keys").optional
+    assert tp_bwd.walk_plan.argument("acc_out").optional and not tp_bwd.walk_plan.argument("gz").optional
+
+
+def test_walk_launch_refuses_a_missing_required_argument():
+    import torch
+
+    from mlip_accel.runtime.walk import launch
+    gm = generate(KernelSpec(random_uvu_problem(3), "float64", "forward", "det"))
+    with pytest.raises(ValueError, match="argument order .* is required"):
+        launch(gm, gm.walk_plan, {"x": torch.zeros(1), "y": torch.zeros(1), "w": torch.zeros(1), "keys": None,
+                                  "num_edges": 4, "edges_per_warp": 32}, torch.device("cpu"))

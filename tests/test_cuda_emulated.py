@@ -6,7 +6,7 @@ edge chunks force multi-phase schedules and rows split across many warps.
 """
 from __future__ import annotations
 
-import logging
+import warnings
 
 import pytest
 import torch
@@ -134,14 +134,43 @@ def test_validation_names_the_argument(emulated):
         cuda.conv_backward(problem, x, y, w, gz[:, 1:], dst, src)
 
 
-def test_unsupported_problem_falls_back_to_reference_and_logs_once(emulated, caplog):
-    problem = describe("3x0e+2x1o", "2x1o", "2x1e+3x1o", [(0, 0, 1, "uvw", True), (1, 0, 0, "uvw", True)])
+def _uvw_problem():
+    return describe("3x0e+2x1o", "2x1o", "2x1e+3x1o", [(0, 0, 1, "uvw", True), (1, 0, 0, "uvw", True)])
+
+
+@pytest.fixture
+def kernels_available(monkeypatch):
+    """As on a GPU machine whose CUDA kernels can run (only the problem decides), no warning given yet."""
+    from mlip_accel.ops import backends
+    monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(backends, "_warned_problems", set())
+    return backends
+
+
+def test_backend_cuda_on_an_unsupported_problem_raises(kernels_available):
+    # it silently ran the reference before (issue 12): backend="cuda" raises with the reason for any cause
+    with pytest.raises(kernels_available.BackendUnavailable, match="'uvw'; the CUDA kernels implement 'uvu' only"):
+        kernels_available.resolve("cuda", torch.device("cuda"), _uvw_problem())
+
+
+def test_direct_op_call_with_backend_cuda_on_an_unsupported_problem_raises():
+    import mlip_accel.ops.custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
+    from mlip_accel.ops.backends import BackendUnavailable
+    from mlip_accel.problem import register_problem
+    problem = _uvw_problem()
     x, y, w, _ = inputs(problem, 6, 6, torch.float64)
-    with caplog.at_level(logging.WARNING, logger="mlip_accel"):
-        for _ in range(2):
-            out = cuda.tp_forward(problem, x, y, w)
-    assert torch.equal(out, reference.tp_forward(problem, x, y, w))
-    assert sum("uvw" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(BackendUnavailable, match="uvw"):
+        torch.ops.mlip_accel.tp_forward(x, y, w, register_problem(problem), "cuda")
+
+
+def test_auto_on_an_unsupported_problem_falls_back_with_one_warning(kernels_available):
+    problem, cuda_device = _uvw_problem(), torch.device("cuda")
+    with pytest.warns(RuntimeWarning, match="do not implement .*uvw"):
+        assert kernels_available.resolve("auto", cuda_device, problem) == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels_available.resolve("auto", cuda_device, problem) == "reference"  # once per problem
+        assert kernels_available.resolve("auto", cuda_device, channelwise("5x1e", "1x1o")) == "cuda"
 
 
 @pytest.mark.parametrize("in2", ["1x0e", "1x1o", "1x0e+1x1o+1x2e", "4x3o+1x2e", "8x3o+1x3e+1x0e"])

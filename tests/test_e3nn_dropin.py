@@ -4,7 +4,6 @@ empty irreps and inputs, the rest of e3nn's interface (instructions, weight_view
 from __future__ import annotations
 
 import copy
-import logging
 import pickle
 import random
 
@@ -356,13 +355,13 @@ def test_convolution_takes_the_new_modes():
     _close(conv(x, y, w, dst, src), e3nn_conv(e3, x, y, w, dst, src))
 
 
-def test_cuda_backend_falls_back_once_per_problem_for_the_new_modes(caplog):
-    from mlip_accel.runtime import backend as cuda_backend
+def test_cuda_backend_refuses_the_new_modes_with_the_reason(monkeypatch):
+    from mlip_accel.ops import backends
+    monkeypatch.setattr(backends, "cuda_unavailable_reason", lambda: None)
     problem = from_e3nn(_case("mode:uvuv:noweight", 12))
-    with caplog.at_level(logging.WARNING, logger="mlip_accel"):
-        assert "'uvuv'" in cuda_backend._fallback_reason(problem)
-        assert cuda_backend._fallback_reason(problem) is not None
-    assert sum("reference backend" in r.getMessage() for r in caplog.records) == 1
+    assert "'uvuv'" in backends.problem_unsupported_reason(problem)
+    with pytest.raises(backends.BackendUnavailable, match="'uvuv'"):
+        backends.resolve("cuda", torch.device("cuda"), problem)
 
 
 @pytest.mark.gpu

@@ -308,7 +308,7 @@ def test_hostile_graphs_refused_before_any_kernel_runs(emulated, conv_setup):
     from mlip_accel.ops import backends
     before = len(emulated.launches)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(backends, "resolve", lambda requested, device: requested)  # "cuda" on CPU tensors
+        mp.setattr(backends, "resolve", lambda requested, device, problem=None: requested)  # "cuda" on CPU tensors
         for d, s, g in cases:
             with pytest.raises(ValueError):
                 cuda_conv(x, y, w, d, s, graph=g)

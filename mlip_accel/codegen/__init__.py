@@ -1,5 +1,8 @@
-"""CUDA C++ source generation for the tensor-product kernels (plain data in, source text out; no GPU)."""
-from .generator import (BLOCK_THREADS, DIRECTIONS, VARIANTS, GeneratedModule, KernelSpec, generate,
+"""CUDA C++ source generation (plain data in, source text out; no GPU), one module per kernel family:
+``tensor_product`` (batched TP and fused convolution walk), ``symmetric_contraction`` (MACE), each emitting
+source plus launch plans (``launch_plan``) over the shared pieces (``emit``, ``nonzeros``, ``literals``,
+``schedule``). Adding a family is adding a module."""
+from .tensor_product import (BLOCK_THREADS, DIRECTIONS, VARIANTS, GeneratedModule, KernelSpec, generate,
                         schedule_for, unsupported_reason)
 from .literals import hex_literal, parse_hex_literal
 from .schedule import Phase, Schedule, Segment, build_schedule

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-ROLES = ("input", "output", "scalar")
+ROLES = ("input", "output", "scratch", "scalar")  # scratch: allocated by the launcher, read back by it
 POINTER_TYPES = {"float32": "float", "float64": "double", "int64": "long long"}
 SCALAR_TYPES = ("long long", "int")
 
@@ -22,8 +22,9 @@ SCALAR_TYPES = ("long long", "int")
 class Argument:
     name: str
     ctype: str  # "const float*", "double*", "const long long*", "long long", "int"
-    role: str  # input / output / scalar
+    role: str  # input / output / scratch / scalar
     layout: str = ""  # e.g. "[nodes, 16, 9] row-major"; "" for scalars
+    optional: bool = False  # a pointer the kernel does not read in this variant: the launcher may pass null
 
     @property
     def is_pointer(self) -> bool:
@@ -32,13 +33,24 @@ class Argument:
 
 @dataclasses.dataclass(frozen=True)
 class GridRule:
+    """``threads_per_item`` threads per work item, ``block_threads`` per block along x; the items are the
+    value of the scalar argument ``items``, or, when ``per`` names another scalar argument, groups of
+    ``per`` of them (ceil: the conv walk gives each warp ``edges_per_warp`` edges); ``grid_y`` blocks along
+    y (the conv walk: one per phase of its schedule)."""
+
     items: str  # name of the scalar argument counting the work items (e.g. "nodes")
     threads_per_item: int
     block_threads: int
+    per: str = ""  # name of a scalar argument: items are grouped by it (ceil), "" for none
+    grid_y: int = 1
 
-    def grid(self, items: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-        threads = items * self.threads_per_item
-        return (max(1, -(-threads // self.block_threads)), 1, 1), (self.block_threads, 1, 1)
+    def grid(self, items: int, per: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        threads = -(-items // per) * self.threads_per_item
+        return (max(1, -(-threads // self.block_threads)), self.grid_y, 1), (self.block_threads, 1, 1)
+
+    def grid_for(self, values: dict) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """Grid and block for the named argument values of one launch."""
+        return self.grid(int(values[self.items]), int(values[self.per]) if self.per else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +71,20 @@ class LaunchPlan:
                 raise ValueError(f"argument {a.name}: role must be one of {ROLES}, got {a.role!r}")
             if (a.role == "scalar") == a.is_pointer:
                 raise ValueError(f"argument {a.name}: a {a.role} cannot have C type {a.ctype!r}")
-        if self.grid.items not in names:
-            raise ValueError(f"grid items {self.grid.items!r} is not an argument")
+        for rule in (self.grid.items, self.grid.per):
+            if rule and rule not in names:
+                raise ValueError(f"grid rule names {rule!r}, which is not an argument")
 
     def argument(self, name: str) -> Argument:
         for a in self.arguments:
             if a.name == name:
                 return a
         raise KeyError(name)
+
+    def parameters(self, restrict: bool = True) -> str:
+        """The kernel's C parameter list (one per line), written from the plan: the signature lives here."""
+        q = " __restrict__" if restrict else ""
+        return ",\n    ".join(f"{a.ctype}{q if a.is_pointer else ''} {a.name}" for a in self.arguments)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

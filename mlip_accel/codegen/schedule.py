@@ -41,10 +41,6 @@ class Schedule:
     budget: int | None  # accumulators per lane; None: no accumulators (one phase holds everything)
     phases: tuple[Phase, ...]
 
-    def segment_phase(self) -> dict[tuple[int, int], int]:
-        """(irrep, chunk) -> phase index."""
-        return {(s.irrep, s.chunk): p for p, ph in enumerate(self.phases) for s in ph.segments}
-
 
 def irrep_segments(irreps, i: int) -> list[Segment]:
     mul, l, _ = irreps[i]

@@ -11,10 +11,9 @@ the symmetrised U (``CorrelationTerm.monomials``) unrolled as exact hexadecimal 
 from __future__ import annotations
 
 import dataclasses
-import string
-from pathlib import Path
 
 from ..problem.symmetric_contraction import CorrelationTerm, SymmetricContractionProblem
+from .emit import template
 from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTER_TYPES
 from .literals import hex_literal
 
@@ -40,10 +39,6 @@ class SymconSpec:
     @property
     def kernel_name(self) -> str:
         return f"symcon_{self.direction}_{self.problem.key[len('symcon_'):]}_{self.dtype}"
-
-
-def _template() -> string.Template:
-    return string.Template((Path(__file__).parent / "templates" / "symmetric_contraction.cu").read_text())
 
 
 def _monomial(mono: tuple[int, ...], skip: int = -1) -> str:
@@ -286,7 +281,7 @@ def generate_symmetric_contraction(spec: SymconSpec) -> GeneratedKernel:
     else:
         body = _backward_body(p, spec.dtype, spec.direction == "backward_w")
     load_x = "\n".join(f"  const T x{i} = xp[{i}];" for i in range(p.dim_in))
-    source = _template().substitute(
+    source = template("symmetric_contraction.cu").substitute(
         description=p.describe(), scalar=POINTER_TYPES[spec.dtype], block_threads=spec.block_threads,
         kernel=spec.kernel_name, channels=p.channels, dim_in=p.dim_in, load_x=load_x,
         weight_row=p.num_params * p.channels, body="\n".join(body),

@@ -82,9 +82,9 @@ class _TPBase(nn.Module):
             raise ValueError("weight is required: this tensor product has no internal weights")
         return weight  # as in e3nn, a weight given overrides the internal weights
 
-    def _check_inputs(self, x, y, w, rows: int, rows_name: str, y_name: str = "y"):
+    def _check_inputs(self, x, y, w, rows: int, rows_name: str, y_name: str = "y", x_rows_name: str = ""):
         p = self.problem
-        check_tensor("x", x, dim=p.dim_in1, width=f"irreps_in1={irreps_str(p.irreps_in1)}")
+        check_tensor("x", x, dim=p.dim_in1, width=f"irreps_in1={irreps_str(p.irreps_in1)}", rows_name=x_rows_name)
         check_tensor(y_name, y, dim=p.dim_in2, width=f"irreps_in2={irreps_str(p.irreps_in2)}",
                      dtype=x.dtype, device=x.device, rows=rows, rows_name=rows_name)
         check_weights(p, w, rows=rows, rows_name=rows_name, dtype=x.dtype, device=x.device)
@@ -116,7 +116,7 @@ class TensorProduct(_TPBase):
         if checking and e3nn_api.runs_on_reference_only(p, x2.shape[0]):
             backend = "reference"
         else:
-            backend = backends.resolve(self.backend, x.device)
+            backend = backends.resolve(self.backend, x.device, self.problem)
         out = torch.ops.mlip_accel.tp_forward(x2, y2, w2, self.problem_key, backend)
         return out if len(batch) == 1 else out.reshape(*batch, out.shape[-1])
 
@@ -208,12 +208,10 @@ class TensorProductConv(_TPBase):
         w = self._weight(weight, y)
         num_nodes = x.shape[0]
         if not torch.compiler.is_compiling():
-            check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}",
-                         rows_name="num_nodes")
             for name, index in (("edge_dst", edge_dst), ("edge_src", edge_src)):
                 if not isinstance(index, torch.Tensor):
                     raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
-            self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges")
+            self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges", x_rows_name="num_nodes")
             if not self.deterministic:
                 check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device)
             elif graph is None:
@@ -230,6 +228,6 @@ class TensorProductConv(_TPBase):
             g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr)
         else:
             g = (None, None, None, None)
-        backend = backends.resolve(self.backend, x.device)
+        backend = backends.resolve(self.backend, x.device, self.problem)
         return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
                                                  self.problem_key, backend)

@@ -15,6 +15,8 @@ import torch
 
 BACKENDS = ("auto", "reference", "cuda")
 _warned_fallback = False  # backend="auto" falling back to the reference on CUDA tensors: said once per process
+_warned_problems: set[str] = set()  # backend="auto" on a problem the kernels do not implement: once per problem
+_PROBLEM_REASONS: dict[int, tuple[object, str | None]] = {}  # id(problem) -> (problem, reason); traceable by dynamo
 
 
 class BackendUnavailable(RuntimeError):
@@ -49,8 +51,20 @@ def check_backend_name(backend: str) -> str:
     return backend
 
 
-def resolve(requested: str, device: torch.device) -> str:
-    """The concrete backend ("reference" or "cuda") for tensors on ``device``."""
+def problem_unsupported_reason(problem) -> str | None:
+    """None when the generated CUDA kernels implement ``problem`` (a TPProblem), else why not; cached per object."""
+    hit = _PROBLEM_REASONS.get(id(problem))
+    if hit is None or hit[0] is not problem:
+        from ..codegen import unsupported_reason
+        hit = _PROBLEM_REASONS[id(problem)] = (problem, unsupported_reason(problem))
+    return hit[1]
+
+
+def resolve(requested: str, device: torch.device, problem=None) -> str:
+    """The concrete backend ("reference" or "cuda") for ``problem`` (a TPProblem, or None: not considered) with
+    tensors on ``device``: the one place that decides. ``"cuda"`` raises :class:`BackendUnavailable` with the
+    reason for any cause (CPU tensors, no GPU or CuPy, a problem the kernels do not implement); ``"auto"``
+    falls back to the reference with one warning per cause."""
     if requested == "reference":
         return "reference"
     if device.type != "cuda":
@@ -58,12 +72,28 @@ def resolve(requested: str, device: torch.device) -> str:
             raise BackendUnavailable(f"backend='cuda' needs CUDA tensors, but the inputs are on {device}")
         return "reference"
     reason = cuda_unavailable_reason()
-    if reason is None:
+    if reason is not None:
+        if requested == "cuda":
+            raise BackendUnavailable(f"backend='cuda' is unavailable: {reason}")
+        _warn_fallback(device, reason)
+        return "reference"
+    unsupported = None if problem is None else problem_unsupported_reason(problem)
+    if unsupported is None:
         return "cuda"
     if requested == "cuda":
-        raise BackendUnavailable(f"backend='cuda' is unavailable: {reason}")
-    _warn_fallback(device, reason)
+        raise BackendUnavailable(f"backend='cuda' cannot run {problem.describe()}: {unsupported}")
+    _warn_unsupported(problem, unsupported)
     return "reference"
+
+
+def _warn_unsupported(problem, reason: str) -> None:
+    key = problem.key
+    if key in _warned_problems:
+        return
+    _warned_problems.add(key)
+    warnings.warn(f"mlip_accel: the CUDA kernels do not implement {problem.describe()} ({reason}); backend='auto' "
+                  "runs the PyTorch reference for it (same results, slower); backend='cuda' makes this an error",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _warn_fallback(device: torch.device, reason: str) -> None:
@@ -77,8 +107,13 @@ def _warn_fallback(device: torch.device, reason: str) -> None:
                   "an error, mlip_accel.describe(model) shows what runs", RuntimeWarning, stacklevel=3)
 
 
-def get(name: str):
+def get(name: str, problem=None):
+    """The backend module for a resolved name; "cuda" refuses a problem its kernels do not implement (a direct
+    op call with backend="cuda": the modules resolve first)."""
     if name == "cuda":
+        reason = None if problem is None else problem_unsupported_reason(problem)
+        if reason is not None:
+            raise BackendUnavailable(f"backend='cuda' cannot run {problem.describe()}: {reason}")
         from ..runtime import backend
         return backend
     from .. import reference

@@ -73,7 +73,8 @@ def _contig(*ts):
 # --- batched tensor product ----------------------------------------------------------------------
 
 def _tp_kernels(problem: str, backend: str, weighted_only: bool = False):
-    be, p = backends.get(backend), get_problem(problem)
+    p = get_problem(problem)
+    be = backends.get(backend, p)
     if weighted_only and (p := p.weighted_part) is None:
         return None, None
     fwd = lambda a, b, c: be.tp_forward(p, *_contig(a, b, c))  # noqa: E731
@@ -153,7 +154,8 @@ def _graph(x, edge_dst, perm, rowptr, tperm, trowptr) -> Optional[EdgeGraph]:
 
 def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str,
                   weighted_only: bool = False):
-    be, p = backends.get(backend), get_problem(problem)
+    p = get_problem(problem)
+    be = backends.get(backend, p)
     if weighted_only and (p := p.weighted_part) is None:
         return None, None
     g = _graph(x, edge_dst, perm, rowptr, tperm, trowptr)

@@ -3,8 +3,7 @@
 // slot of each run adds the run's partials, in slot order, to the row (which already holds the owner
 // warp's store, or zero). One block per slot, threads over columns: bitwise reproducible.
 extern "C" __global__ void ${kernel}(
-    const long long* __restrict__ order, const long long* __restrict__ keys, const T* __restrict__ fixup,
-    T* __restrict__ out, long long num_slots, int edges_per_warp, int width)
+    ${parameters})
 {
   const long long s = blockIdx.x;
   const long long row = keys[order[s * edges_per_warp]];

@@ -17,13 +17,11 @@ ${prelude}
 //           in warp order by the fixup kernel; every other row is owned by this warp alone (plain store).
 //   atomic  atomicAdd at every flush (no sort needed).
 //   tp      every edge is its own row (batched tensor product): plain store.
-// Per-edge outputs (grad y, grad w) are written directly. blockIdx.y selects the phase of the schedule.
+// Per-edge outputs (grad y, grad w) are written directly. The parameter list is written from the launch
+// plan (codegen/generator.walk_plan), which launchers execute. blockIdx.y selects the phase of the schedule.
 // Flush mode here: ${flush_mode}.
 extern "C" __global__ void __launch_bounds__(${block_threads}) ${kernel}(
-    const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ w, const T* __restrict__ gz,
-    const long long* __restrict__ order, const long long* __restrict__ keys,
-    const long long* __restrict__ others, T* __restrict__ acc_out, T* __restrict__ fixup,
-    T* __restrict__ gy_out, T* __restrict__ gw_out, long long num_edges, int edges_per_warp)
+    ${parameters})
 {
   const int lane = threadIdx.x & 31;
   const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

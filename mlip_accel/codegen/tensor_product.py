@@ -1,4 +1,5 @@
-"""CUDA source for one (problem, dtype, direction, variant): plain data in, source text out, no GPU.
+"""The tensor-product family (batched TP and fused convolution): CUDA source and launch plans for one
+(problem, dtype, direction, variant): plain data in, source text out, no GPU.
 
 The kernel skeleton lives in ``templates/`` (walk.cu: the segmented walk over a permuted edge list,
 phase.cu: one phase of it, fixup.cu: the second pass of the deterministic variant). This module fills in
@@ -12,12 +13,11 @@ degenerate walk where every edge is its own row.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from pathlib import Path as FilePath
-from string import Template
 
 from ..problem import TPProblem, irreps_str
 from . import nonzeros
+from .emit import Lines as _Lines, template as _template
+from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
 
 DIRECTIONS = ("forward", "backward")
@@ -26,14 +26,8 @@ SCALARS = {"float32": "float", "float64": "double"}
 MAX_DIM_IN2 = 128  # y of one edge is held in registers
 MAX_MUL_IN2 = 16  # v of uvu is unrolled
 BLOCK_THREADS = 128
-
-_TEMPLATES = FilePath(__file__).parent / "templates"
-
-
-@functools.lru_cache(maxsize=None)
-def _template(name: str) -> Template:
-    return Template((_TEMPLATES / name).read_text())
-
+FIXUP_THREADS = 128
+FAMILY = "tensor_product"
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -73,10 +67,13 @@ class KernelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedModule:
+    """The source of one (problem, dtype, direction, variant) and the launch plans of its kernels: the walk,
+    then (deterministic variant with accumulators) the fixup, launched in that order."""
+
     spec: KernelSpec
     source: str
-    walk_kernel: str
-    fixup_kernel: str | None  # det variant with accumulators only
+    walk_plan: LaunchPlan
+    fixup_plan: LaunchPlan | None  # det variant with accumulators only
     schedule: Schedule
     acc_width: int  # columns of the accumulated rows (D_OUT forward, D_IN1 backward)
     gy_partials: int  # 0: no grad y; 1: written directly; >1: one partial per phase, summed afterwards
@@ -84,6 +81,18 @@ class GeneratedModule:
     @property
     def num_phases(self) -> int:
         return len(self.schedule.phases)
+
+    @property
+    def walk_kernel(self) -> str:
+        return self.walk_plan.kernel
+
+    @property
+    def fixup_kernel(self) -> str | None:
+        return None if self.fixup_plan is None else self.fixup_plan.kernel
+
+    @property
+    def plans(self) -> tuple[LaunchPlan, ...]:
+        return (self.walk_plan,) if self.fixup_plan is None else (self.walk_plan, self.fixup_plan)
 
 
 def unsupported_reason(problem: TPProblem) -> str | None:
@@ -102,31 +111,6 @@ def unsupported_reason(problem: TPProblem) -> str | None:
 
 
 # --- small emission helpers ------------------------------------------------------------------------------
-
-class _Lines:
-    def __init__(self, indent: int):
-        self.lines: list[str] = []
-        self.indent = indent
-
-    def __call__(self, text: str = "") -> None:
-        self.lines.append("  " * self.indent + text if text else "")
-
-    def block(self, opening: str = "", comment: str | None = None):
-        lines = self
-
-        class _Block:
-            def __enter__(self):
-                lines((opening + " {" if opening else "{") + (f"  // {comment}" if comment else ""))
-                lines.indent += 1
-
-            def __exit__(self, *exc):
-                lines.indent -= 1
-                lines("}")
-        return _Block()
-
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
 
 def _node_addr(row: str, offset: int, mul: int, width: int, u: str, i: int, layout: str) -> str:
     """Address of element (u, i) of an irrep block in a node row: mul_ir (e3nn's) or ir_mul (transposed)."""
@@ -419,12 +403,78 @@ def schedule_for(spec: KernelSpec) -> Schedule:
     return build_schedule(spec.problem, side, budget)
 
 
+def node_layout(spec: KernelSpec) -> str:
+    """Column layout of the gathered node rows (x, and grad_z in the backward): e3nn's (mul, 2l+1) blocks for
+    the batched TP (each row read once), (2l+1, mul) for the convolution, whose node rows many edges gather
+    (lane = channel: coalesced). The launcher permutes e3nn's columns into it (``runtime.layout``)."""
+    return "mul_ir" if spec.variant == "tp" else "ir_mul"
+
+
+def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan:
+    """The walk's launch contract: its arguments (the order is the kernel's parameter list, written from here),
+    which it reads in this variant, the grid (one warp per ``edges_per_warp`` edges, one y-block per phase)."""
+    p, t = spec.problem, POINTER_TYPES[spec.dtype]
+    conv = spec.variant != "tp"
+    fwd = spec.direction == "forward"
+    _, need_y, need_w = spec.need if not fwd else (False, False, False)
+    rows = "nodes" if conv else "num_edges"
+    layout = node_layout(spec)
+    acc = "D_OUT" if fwd else "D_IN1"
+    ordered = spec.variant == "det" and spec.accumulates
+    args = (
+        Argument("x", f"const {t}*", "input", f"[{rows}, D_IN1] {layout}"),
+        Argument("y", f"const {t}*", "input", "[num_edges, D_IN2] mul_ir"),
+        Argument("w", f"const {t}*", "input", "[num_edges, W_NUMEL] e3nn's weight layout"),
+        Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {layout}", optional=fwd),
+        Argument("order", "const long long*", "input", "[num_edges] edge permutation (CSR by key)",
+                 optional=not ordered),
+        Argument("keys", "const long long*", "input", "[num_edges] row each edge accumulates into",
+                 optional=not conv),
+        Argument("others", "const long long*", "input", "[num_edges] node row each edge gathers", optional=not conv),
+        Argument("acc_out", f"{t}*", "output", f"[{rows}, {acc}] mul_ir", optional=not spec.accumulates),
+        Argument("fixup", f"{t}*", "scratch", f"[ceil(num_edges / edges_per_warp), {acc}] first-row partials",
+                 optional=not ordered),
+        Argument("gy_out", f"{t}*", "output" if gy_partials <= 1 else "scratch",
+                 f"[{max(gy_partials, 1)}, num_edges, D_IN2] mul_ir, one partial per phase", optional=not need_y),
+        Argument("gw_out", f"{t}*", "output", "[num_edges, W_NUMEL]", optional=not need_w),
+        Argument("num_edges", "long long", "scalar"),
+        Argument("edges_per_warp", "int", "scalar"),
+    )
+    grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=WARP, block_threads=BLOCK_THREADS,
+                    grid_y=num_phases)
+    zero = ("acc_out",) if conv and spec.accumulates else ()  # rows without edges stay zero; atomics add
+    return LaunchPlan(family=FAMILY, kernel=spec.name, arguments=args, grid=grid, zero_outputs=zero,
+                      tuning=(("accumulators_per_lane", spec.budget), ("block_threads", BLOCK_THREADS),
+                              ("phases", num_phases)))
+
+
+def fixup_plan(spec: KernelSpec) -> LaunchPlan:
+    """The deterministic walk's second pass: one block per warp slot of the walk (same ``edges_per_warp``)."""
+    t = POINTER_TYPES[spec.dtype]
+    acc = "D_OUT" if spec.direction == "forward" else "D_IN1"
+    args = (
+        Argument("order", "const long long*", "input", "[num_edges] the walk's order"),
+        Argument("keys", "const long long*", "input", "[num_edges] the walk's keys"),
+        Argument("fixup", f"const {t}*", "input", f"[num_slots, {acc}] the walk's first-row partials"),
+        Argument("out", f"{t}*", "output", f"[nodes, {acc}] the walk's acc_out, added to"),
+        Argument("num_slots", "long long", "scalar"),
+        Argument("edges_per_warp", "int", "scalar"),
+        Argument("width", "int", "scalar"),
+    )
+    return LaunchPlan(family=FAMILY, kernel=spec.name + "_fixup", arguments=args,
+                      grid=GridRule(items="num_slots", threads_per_item=FIXUP_THREADS, block_threads=FIXUP_THREADS),
+                      tuning=(("block_threads", FIXUP_THREADS),))
+
+
 def generate(spec: KernelSpec) -> GeneratedModule:
     reason = unsupported_reason(spec.problem)
     if reason is not None:
         raise NotImplementedError(reason)
     p = spec.problem
     schedule = schedule_for(spec)
+    need_y = spec.direction == "backward" and spec.need[1]
+    gy_partials = len(schedule.phases) if need_y else 0
+    walk = walk_plan(spec, len(schedule.phases), gy_partials)
     phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
     acc_width = p.dim_out if spec.direction == "forward" else p.dim_in1
@@ -436,13 +486,11 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         title=title, problem=p.describe(),
         schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
         prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
-        d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=spec.name,
-        phases=phases)
+        d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=walk.kernel,
+        parameters=walk.parameters(), phases=phases)
     fixup = None
     if spec.variant == "det" and spec.accumulates:
-        fixup = spec.name + "_fixup"
-        source += "\n" + _template("fixup.cu").substitute(kernel=fixup)
-    need_y = spec.direction == "backward" and spec.need[1]
-    return GeneratedModule(spec=spec, source=source, walk_kernel=spec.name, fixup_kernel=fixup,
-                           schedule=schedule, acc_width=acc_width,
-                           gy_partials=(len(schedule.phases) if need_y else 0))
+        fixup = fixup_plan(spec)
+        source += "\n" + _template("fixup.cu").substitute(kernel=fixup.kernel, parameters=fixup.parameters())
+    return GeneratedModule(spec=spec, source=source, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
+                           acc_width=acc_width, gy_partials=gy_partials)

@@ -1,0 +1,28 @@
+"""Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
+budget) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+from __future__ import annotations
+
+from ..codegen import GeneratedModule, KernelSpec, generate
+from ..problem import TPProblem
+from .tuning import budget_for
+
+_KEYS: dict[int, tuple[TPProblem, str]] = {}
+_MODULES: dict[tuple, GeneratedModule] = {}
+
+
+def problem_key(problem: TPProblem) -> str:
+    """``problem.key``, looked up by object identity (hashing the problem on every call would cost more)."""
+    hit = _KEYS.get(id(problem))
+    if hit is None or hit[0] is not problem:
+        hit = _KEYS[id(problem)] = (problem, problem.key)
+    return hit[1]
+
+
+def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
+               need=(True, True, True)) -> GeneratedModule:
+    budget = budget_for(direction, dtype)
+    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction == "backward" else None, budget)
+    gm = _MODULES.get(key)
+    if gm is None:
+        gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget))
+    return gm

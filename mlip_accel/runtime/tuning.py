@@ -1,0 +1,58 @@
+"""Tuning tables of the tensor-product walk, and the test overrides that force its rare paths (multi-phase
+schedules, rows split between many warps). Values only: codegen takes the budget, the launcher the edges
+per warp."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+# Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
+# mace-large/mace-medium/nequip-benzene): the backward runs fastest as several small phases (more warps,
+# fewer live registers), the forward with large ones.
+ACC_BUDGET = {("forward", "float32"): 64, ("forward", "float64"): 48,
+              ("backward", "float32"): 12, ("backward", "float64"): 12}
+_BUDGET_OVERRIDE: dict[str, int] = {}  # tests: tiny budgets force multi-phase schedules
+# Edges per warp. The deterministic forward takes the mean degree (about one row per warp: few fixups,
+# and the fixup buffer, one row per warp, is never larger than the output); every other walk takes 32.
+MIN_EDGES_PER_WARP = 32
+MAX_EDGES_PER_WARP = 4096
+_EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows between many warps
+
+
+def budget_for(direction: str, dtype: str) -> int:
+    return _BUDGET_OVERRIDE.get(direction, ACC_BUDGET[(direction, dtype)])
+
+
+@contextlib.contextmanager
+def accumulator_budget(forward: int | None = None, backward: int | None = None):
+    """Override the accumulator budget of each direction (every dtype) inside the block."""
+    old = dict(_BUDGET_OVERRIDE)
+    _BUDGET_OVERRIDE.update({k: v for k, v in (("forward", forward), ("backward", backward)) if v is not None})
+    try:
+        yield
+    finally:
+        _BUDGET_OVERRIDE.clear()
+        _BUDGET_OVERRIDE.update(old)
+
+
+@contextlib.contextmanager
+def edges_per_warp(n: int):
+    """Force every walk to give each warp ``n`` edges (tests use tiny chunks to exercise the fixup)."""
+    global _EDGES_PER_WARP_OVERRIDE
+    if n < 1:
+        raise ValueError(f"edges per warp must be >= 1, got {n}")
+    old, _EDGES_PER_WARP_OVERRIDE = _EDGES_PER_WARP_OVERRIDE, n
+    try:
+        yield
+    finally:
+        _EDGES_PER_WARP_OVERRIDE = old
+
+
+def edges_per_warp_for(spec, num_edges: int, num_rows: int) -> int:
+    """Edges per warp of one walk of a kernel of ``spec`` (a codegen.KernelSpec)."""
+    if _EDGES_PER_WARP_OVERRIDE is not None:
+        return _EDGES_PER_WARP_OVERRIDE
+    if spec.variant != "det" or spec.direction != "forward":
+        return MIN_EDGES_PER_WARP
+    mean_degree = math.ceil(num_edges / max(num_rows, 1))
+    return max(MIN_EDGES_PER_WARP, min(MAX_EDGES_PER_WARP, mean_degree))

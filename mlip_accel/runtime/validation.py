@@ -1,0 +1,87 @@
+"""Checks of the CUDA backend's inputs, made before anything is allocated or launched: clear Python
+exceptions instead of a crash or a wrong answer inside a kernel."""
+from __future__ import annotations
+
+import torch
+
+from ..graph import EdgeGraph
+from ..problem import TPProblem
+from .executor import accepts_device
+
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def check_one_device(**tensors) -> None:
+    """ValueError naming every device unless all given tensors (None skipped) are on one device; made before
+    anything is allocated or launched, also on the reference fallback (which would otherwise fail inside
+    PyTorch with a RuntimeError, or after work on the first device)."""
+    devices: dict[torch.device, list[str]] = {}
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            devices.setdefault(t.device, []).append(name)
+    if len(devices) > 1:
+        where = "; ".join(f"{', '.join(names)} on {device}" for device, names in devices.items())
+        raise ValueError(f"the inputs of one call must be on one device, got {where}")
+
+
+def graph_tensors(graph) -> dict:
+    if not isinstance(graph, EdgeGraph):
+        return {}
+    return {f"graph.{f}": getattr(graph, f) for f in ("perm", "rowptr", "transpose_perm", "transpose_rowptr")}
+
+
+def _check_float(name: str, t, rows: int | None, width: int, like: torch.Tensor | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; the CUDA backend supports float32 and float64")
+    if like is not None:
+        if t.dtype != like.dtype:
+            raise TypeError(f"{name} is {t.dtype} but x is {like.dtype}: all inputs must share one dtype")
+        if t.device != like.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {like.device}: all inputs must be on one device")
+    elif not accepts_device(t.device):
+        raise ValueError(f"{name} is on {t.device}; the CUDA backend needs CUDA tensors")
+    if t.dim() != 2 or t.shape[1] != width or (rows is not None and t.shape[0] != rows):
+        expected = f"({'rows' if rows is None else rows}, {width})"
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _check_index(name: str, t, num_edges: int, like: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int64:
+        raise TypeError(f"{name} must be int64, got {t.dtype}")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but x is on {like.device}: all inputs must be on one device")
+    if tuple(t.shape) != (num_edges,):
+        raise ValueError(f"{name} must have shape ({num_edges},) (one entry per edge), got {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def check_tp(problem: TPProblem, x, y, w, grad_z=None) -> None:
+    _check_float("x", x, None, problem.dim_in1)
+    rows = x.shape[0]
+    _check_float("y", y, rows, problem.dim_in2, x)
+    _check_float("w", w, rows, problem.weight_numel, x)
+    if grad_z is not None:
+        _check_float("grad_z", grad_z, rows, problem.dim_out, x)
+
+
+def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, graph, grad_z=None) -> None:
+    _check_float("x", x, None, problem.dim_in1)
+    _check_float("y", y, None, problem.dim_in2, x)
+    num_edges = y.shape[0]
+    _check_float("w", w, num_edges, problem.weight_numel, x)
+    if grad_z is not None:
+        _check_float("grad_z", grad_z, x.shape[0], problem.dim_out, x)
+    _check_index("edge_dst", edge_dst, num_edges, x)
+    _check_index("edge_src", edge_src, num_edges, x)
+    if graph is not None:
+        if not isinstance(graph, EdgeGraph):
+            raise TypeError(f"graph must be an EdgeGraph (mlip_accel.sort_edges) or None, got {type(graph).__name__}")
+        _check_index("graph.perm", graph.perm, num_edges, x)
+        _check_index("graph.transpose_perm", graph.transpose_perm, num_edges, x)
