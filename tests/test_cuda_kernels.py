@@ -229,7 +229,20 @@ def test_no_cupy_memory_pool_and_current_stream():
 
 
 def test_unsupported_problem_falls_back_on_gpu():
+    # one place decides (ops.backends.resolve): "auto" runs the reference on CUDA tensors for a problem the
+    # kernels do not implement, "cuda" refuses it with the reason, and the runtime itself never falls back
+    import warnings
+
+    from mlip_accel.ops.backends import BackendUnavailable
     from mlip_accel.problem import describe
     problem = describe("3x0e+2x1o", "2x1o", "2x1e+3x1o", [(0, 0, 1, "uvw", True), (1, 0, 0, "uvw", True)])
     x, y, w, _ = inputs(problem, 6, 6, torch.float64, DEV)
-    assert torch.equal(cuda.tp_forward(problem, x, y, w), reference.tp_forward(problem, x, y, w))
+    key = register_problem(problem)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the fallback warns once per problem per process
+        got = torch.ops.mlip_accel.tp_forward(x, y, w, key, "auto")
+    assert torch.equal(got, reference.tp_forward(problem, x, y, w))
+    with pytest.raises(BackendUnavailable, match="uvw"):
+        torch.ops.mlip_accel.tp_forward(x, y, w, key, "cuda")
+    with pytest.raises(NotImplementedError, match="uvw"):
+        cuda.tp_forward(problem, x, y, w)

@@ -3,6 +3,7 @@ emulation, GPU), the benchmarks and the device scripts."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -11,11 +12,23 @@ import torch
 from mlip_accel.problem import TPProblem, channelwise_problem, describe
 
 _REPO = Path(__file__).resolve().parents[2]
-# the session's shared copy first (next to the repository), then the repository's own
-_PROBLEMS_JSON = (_REPO.parent / "shared" / "bench" / "problems.json", _REPO / "benchmarks" / "problems.json")
+
+
+def _candidates() -> list[Path]:
+    """Where problems.json may be: $MLIP_ACCEL_PROBLEMS_JSON; then, for the repository this package sits in and
+    for the one the process runs in (the device scripts run tests/ and scripts/ from a checkout while importing
+    mlip_accel from an installed copy, whose own folder has no benchmarks/), the session's shared copy next to
+    the repository first, then the repository's own."""
+    env = os.environ.get("MLIP_ACCEL_PROBLEMS_JSON")
+    found = [Path(env)] if env else []
+    for repo in (_REPO, Path.cwd(), Path.cwd().parent):
+        found += [repo.parent / "shared" / "bench" / "problems.json", repo / "benchmarks" / "problems.json"]
+    return found
+
 
 def problems_json() -> Path | None:
-    return next((p for p in _PROBLEMS_JSON if p.is_file()), None)
+    return next((p for p in _candidates() if p.is_file()), None)
+
 
 def bench_problem_specs() -> list[dict]:
     """The benchmark problems of problems.json (name, in1, in2, target); [] where no copy is found."""
