@@ -11,10 +11,11 @@ pytest.importorskip("ase")
 pytest.importorskip("vesin")
 
 from ase import Atoms  # noqa: E402
-from ase.build import bulk, molecule  # noqa: E402
+from ase.build import bulk  # noqa: E402
 from ase.calculators.calculator import PropertyNotImplementedError  # noqa: E402
 
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
+from mlip_accel.testing.structures import two_element_structures  # noqa: E402
 from mlip_accel.integrations.errors import (DeviceUnavailableError, InputError, ModelFileError,  # noqa: E402
                                             UnknownElementsError)
 
@@ -23,21 +24,7 @@ TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
 
 def structures(a: str, b: str):
-    """name -> Atoms with elements a and b: periodic cell, 1-atom cell (many images), slab, molecule."""
-    cell = bulk(a, "fcc", a=3.7, cubic=True).repeat((2, 1, 1))
-    cell.symbols[[1, 6]] = b
-    cell.rattle(0.1, seed=1)
-    tiny = bulk(a, "fcc", a=3.6)
-    tiny.rattle(0.05, seed=2)
-    slab = bulk(a, "fcc", a=3.7, cubic=True).repeat((2, 2, 1))
-    slab.center(vacuum=4.0, axis=2)
-    slab.pbc = (True, True, False)
-    slab.symbols[3] = b
-    slab.rattle(0.05, seed=3)
-    mol = molecule("CH3OH")
-    mol.symbols = [a if s in "CO" else b for s in mol.get_chemical_symbols()]
-    mol.positions *= 1.6  # metal-like distances
-    return {"cell": cell, "tiny_cell": tiny, "slab": slab, "molecule": mol}
+    return two_element_structures(a, b)
 
 
 def _results(atoms, calc):

@@ -11,36 +11,20 @@ import torch
 pytest.importorskip("ase")
 pytest.importorskip("vesin")
 
-from ase import Atoms  # noqa: E402
-from ase.build import bulk, molecule  # noqa: E402
+from ase.build import bulk  # noqa: E402
 
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.cuda_graphs import StepEvaluator, parameter_fingerprint  # noqa: E402
 from mlip_accel.integrations.errors import InputError  # noqa: E402
 from mlip_accel.integrations.neighbors import Neighbors  # noqa: E402
 from mlip_accel.integrations.padding import EdgeCapacity, pad_neighbors, padding_cell  # noqa: E402
+from mlip_accel.testing.structures import two_element_structures  # noqa: E402
 
 RELATIVE = 1e-12
 
 
 def structures(a: str, b: str) -> dict:
-    """Periodic cell, 1-atom cell (many images), slab, molecule, and a cluster with atoms that have no
-    neighbours at all (far from everything, one of them alone in the list)."""
-    cell = bulk(a, "fcc", a=3.7, cubic=True).repeat((2, 1, 1))
-    cell.symbols[[1, 6]] = b
-    cell.rattle(0.1, seed=1)
-    tiny = bulk(a, "fcc", a=3.6)
-    tiny.rattle(0.05, seed=2)
-    slab = bulk(a, "fcc", a=3.7, cubic=True).repeat((2, 2, 1))
-    slab.center(vacuum=4.0, axis=2)
-    slab.pbc = (True, True, False)
-    slab.symbols[3] = b
-    slab.rattle(0.05, seed=3)
-    mol = molecule("CH3OH")
-    mol.symbols = [a if s in "CO" else b for s in mol.get_chemical_symbols()]
-    mol.positions *= 1.6
-    lonely = Atoms(f"{a}2{b}2", positions=[[0, 0, 0], [2.4, 0.3, 0], [30, 0, 0], [0, 40, 0]])
-    return {"cell": cell, "tiny_cell": tiny, "slab": slab, "molecule": mol, "no_neighbours": lonely}
+    return two_element_structures(a, b, lonely=True)
 
 
 def _results(atoms, calc) -> dict:
