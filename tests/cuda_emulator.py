@@ -37,6 +37,22 @@ def entry(plan: LaunchPlan) -> str:
             f"  emu::run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, body_{plan.kernel}, a);\n}}\n")
 
 
+def build_library(source: str, build_dir: Path) -> ctypes.CDLL:
+    """Compile generated CUDA source (plus its plans' entry points) with g++ against the shim, once per source
+    (kept in ``build_dir`` by content hash), and load it."""
+    digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
+    lib_path = build_dir / f"{digest}.so"
+    if not lib_path.exists():
+        src_path = build_dir / f"{digest}.cpp"
+        src_path.write_text(source)
+        cmd = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w",
+               "-include", str(SHIM), str(src_path), "-o", str(lib_path), "-lpthread"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"g++ failed on the generated source:\n{proc.stderr[:4000]}")
+    return ctypes.CDLL(str(lib_path))
+
+
 class CpuEmulator:
     """Executor for CPU tensors: compiles each generated module once with g++ and runs it on threads."""
 
@@ -52,18 +68,7 @@ class CpuEmulator:
         hit = self._libs.get(id(module))
         if hit is not None and hit[0] is module:
             return hit[1]
-        source = module.source + "\n" + "".join(entry(plan) for plan in module.plans)
-        digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
-        lib_path = self.build_dir / f"{digest}.so"
-        if not lib_path.exists():
-            src_path = self.build_dir / f"{digest}.cpp"
-            src_path.write_text(source)
-            cmd = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w",
-                   "-include", str(SHIM), str(src_path), "-o", str(lib_path), "-lpthread"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"g++ failed on the generated source:\n{proc.stderr[:4000]}")
-        lib = ctypes.CDLL(str(lib_path))
+        lib = build_library(module.source + "\n" + "".join(entry(plan) for plan in module.plans), self.build_dir)
         self._libs[id(module)] = (module, lib)
         return lib
 

@@ -4,14 +4,12 @@ cuda_emulator.h shim as cuda_emulator.py; install with ``runtime.launch_plan.use
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import subprocess
 import tempfile
 from pathlib import Path
 
 import torch
 
-from cuda_emulator import CXX, SHIM, available, entry  # noqa: F401  (available: re-exported for skip markers)
+from cuda_emulator import available, build_library, entry  # noqa: F401  (available: re-exported for skip markers)
 from mlip_accel.codegen.launch_plan import GeneratedKernel
 
 
@@ -26,20 +24,9 @@ class PlanEmulator:
 
     def _library(self, kernel: GeneratedKernel) -> ctypes.CDLL:
         source = kernel.source + "\n" + entry(kernel.plan)
-        digest = hashlib.sha256(source.encode() + SHIM.read_bytes()).hexdigest()[:24]
-        lib = self._libs.get(digest)
-        if lib is not None:
-            return lib
-        lib_path = self.build_dir / f"{digest}.so"
-        if not lib_path.exists():
-            src_path = self.build_dir / f"{digest}.cpp"
-            src_path.write_text(source)
-            cmd = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-w",
-                   "-include", str(SHIM), str(src_path), "-o", str(lib_path), "-lpthread"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"g++ failed on the generated source:\n{proc.stderr[:4000]}")
-        lib = self._libs[digest] = ctypes.CDLL(str(lib_path))
+        lib = self._libs.get(source)
+        if lib is None:
+            lib = self._libs[source] = build_library(source, self.build_dir)
         return lib
 
     def launch_plan(self, kernel: GeneratedKernel, grid, block, args, device) -> None:
