@@ -384,6 +384,50 @@ def test_bench_torchsim_runs_on_cpu_and_reports(framework, tmp_path):
     assert f"| float32 | 2x8 |" in table and "unavailable" in table
 
 
+@pytest.mark.nequip
+def test_bench_torchsim_times_medians_and_slow_cases_once(tmp_path, monkeypatch):
+    """Rates are medians of at least --min-reps timed calls; a case whose first call is slow (here: every case)
+    is timed once with SLOW_STEPS steps and the report says which."""
+    bench = _bench_module()
+    args = ["--framework", "nequip", "--tiny", "--batches", "2x1", "--steps", "3", "--min-seconds", "0",
+            "--impls", "e3nn", "mlip_accel", "--out", str(tmp_path)]
+    assert bench.main(args + ["--min-reps", "3", "--max-reps", "3"]) == 0
+    part = __import__("json").loads((tmp_path / "bench_torchsim.nequip.json").read_text())
+    for case in part["cases"]:
+        assert case["reps"] == 3 and case["steps"] == 3 and not case["slow_path"]
+        assert case["seconds_min"] <= case["seconds"]
+    monkeypatch.setattr(bench, "SLOW_CALL_S", 0.0)
+    assert bench.main(args) == 0
+    part = __import__("json").loads((tmp_path / "bench_torchsim.nequip.json").read_text())
+    for case in part["cases"]:
+        assert case["status"] == "ok" and case["slow_path"] and case["reps"] == 1
+        assert case["steps"] == bench.SLOW_STEPS
+    assert "Timed once with 2 NVT steps" in bench.markdown([part])
+
+
+@pytest.mark.mace
+def test_profile_torchsim_runs_on_cpu(tmp_path):
+    """scripts/profile_torchsim.py on the CPU with a tiny MACE: every piece timed, each convolution alone in both
+    edge orders, the receiver-sorted neighbour list variant, and describe() showing every layer accelerated."""
+    import json
+
+    _bench_module()  # puts scripts/ on sys.path
+    import importlib
+
+    profile = importlib.import_module("profile_torchsim")
+    assert profile.main(["--framework", "mace", "--tiny", "--cases", "mlip_accel@2x1", "mlip_accel+rsort@2x1",
+                         "--reps", "1", "--steps", "1", "--out", str(tmp_path)]) == 0
+    cases = json.loads((tmp_path / "profile_torchsim.mace.json").read_text())["cases"]
+    assert [c["impl"] for c in cases] == ["mlip_accel", "mlip_accel+rsort"] and not any("error" in c for c in cases)
+    for case in cases:
+        assert case["call_ms"] > 0 and case["neighbor_list_ms"] > 0 and case["integrate_ms_per_step"] > 0
+        assert "4 layer(s) mlip_accel can run, 4 run by mlip_accel" in case["describe"]
+        assert {(r["conv"], r["order"]) for r in case["conv_alone"]} == {
+            (i, o) for i in (0, 1) for o in ("given", "receiver-sorted")}
+        assert any(b["block"] == "interactions[1].conv_tp" for b in case["blocks_forward"])
+    assert cases[0]["edges"] == cases[1]["edges"]
+
+
 def test_bench_torchsim_runs_each_framework_in_its_environment_and_merges(tmp_path, monkeypatch):
     """Without --framework the script starts one process per framework, with that framework's PYTHONPATH from
     scripts/device_env.sh, and joins their parts; a framework that failed is reported, not lost."""
