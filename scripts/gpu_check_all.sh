@@ -7,6 +7,8 @@
 #   mace      every `gpu` test in the MACE environment (e3nn 0.4.4, mace-torch 0.3.16)
 #   symcon    scripts/bench_symcon.py: MACE product blocks, e3nn vs cuEquivariance vs mlip_accel
 #   graphs    scripts/gpu_check_graphs.sh's CLI + benchmark stages (CUDA-graph MD)
+#   before_after  scripts/kernel_timing_before_after.sh: kernel timing of an older tree carried as $BEFORE
+#             (default .carry/before) and of this one, same call (not in the default STAGES)
 # Results under $OUT (at most 8 files come back: logs are concatenated into all.log), summary.txt per stage.
 set -uo pipefail
 export OUT=${OUT:-$PWD/gpu_check_all_out}
@@ -27,6 +29,14 @@ if want core; then
   cp "$OUT"/core/kernel_timing.json "$OUT"/kernel_timing.json 2>/dev/null
   tail -30 "$OUT"/core/sanitizer.log >>"$OUT/all.log" 2>/dev/null
   rm -rf "$OUT/core"
+fi
+
+if want before_after; then
+  mkdir -p "$OUT/ba"
+  OUT=$OUT/ba timeout ${BA_TIMEOUT:-240} bash scripts/kernel_timing_before_after.sh 2>&1 | log
+  stage "kernel timing before/after" "${PIPESTATUS[0]}"
+  cp "$OUT"/ba/kernel_timing_compare.json "$OUT"/ba/kernel_timing_compare.md "$OUT"/ 2>/dev/null
+  rm -rf "$OUT/ba"
 fi
 
 if want nequip || want mace || want symcon || want graphs; then

@@ -204,3 +204,21 @@ def test_time_budget_skips_the_cases_left(tmp_path):
     (rec,) = json.loads((out / "kernels.json").read_text())["results"]
     assert rec["status"] == "skipped"
     assert "skipped" in (out / "kernels.md").read_text()
+
+
+def test_kernel_timing_comparison_pairs_rows_and_gives_ratios(tmp_path):
+    import compare_kernel_timing as ckt
+    row = {"problem": "mace-large", "dtype": "float32", "det_fwd_ms": 2.0, "det_bwd_ms": 4.0, "det_dbl_ms": None}
+    before = {"gpu": "X", "results": [row, {**row, "problem": "only-before"}]}
+    after = {"gpu": "X", "results": [{**row, "det_fwd_ms": 1.0, "det_bwd_ms": 5.0},
+                                     {**row, "problem": "only-after"}]}
+    for name, data in (("b.json", before), ("a.json", after)):
+        (tmp_path / name).write_text(json.dumps(data))
+    rows = ckt.rows(before, after)
+    assert [r["problem"] for r in rows] == ["mace-large"]  # only problems timed in both runs
+    assert rows[0]["det_fwd_ms"]["after_over_before"] == 0.5
+    assert rows[0]["det_bwd_ms"]["after_over_before"] == 1.25
+    assert "det_dbl_ms" not in rows[0]  # a missing time is no ratio
+    sys.argv = ["x", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--md", str(tmp_path / "c.md")]
+    ckt.main()
+    assert "| mace-large | float32 | 2 / 1 (0.50)" in (tmp_path / "c.md").read_text()
