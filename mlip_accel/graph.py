@@ -1,5 +1,7 @@
-"""Edges sorted into CSR by receiver, with the transpose (by sender) for the backward pass.
+"""Edges ordered by receiver, with the transpose order (by sender) for the backward pass.
 
+The deterministic kernels walk the edges in these orders and find each node's run of edges by comparing
+the receivers (senders) of neighbouring edges: two permutations are all they read (no row pointers).
 Computed once per structure and shared by every convolution layer (``graph=``), so the sort is
 never redone per layer. A graph carries a fingerprint of the edge list it was sorted from, so that a
 convolution given a graph that belongs to other edges (other order, swapped dst/src, edited in place)
@@ -8,7 +10,6 @@ refuses it instead of walking a wrong permutation.
 from __future__ import annotations
 
 import dataclasses
-import os
 import weakref
 from typing import Optional
 
@@ -17,14 +18,12 @@ import torch
 
 @dataclasses.dataclass
 class EdgeGraph:
-    """Both CSR views of one edge list; every permutation holds original edge ids."""
+    """Both orders of one edge list; every permutation holds original edge ids."""
 
     num_nodes: int
     num_edges: int
     perm: torch.Tensor  # edge ids ordered by receiver (edge_dst), stable
-    rowptr: torch.Tensor  # (num_nodes + 1,): edges perm[rowptr[n]:rowptr[n+1]] arrive at node n
     transpose_perm: torch.Tensor  # edge ids ordered by sender (edge_src), stable
-    transpose_rowptr: torch.Tensor  # (num_nodes + 1,): edges leaving node n
     # edge_fingerprint() of the (edge_dst, edge_src) it was sorted from: a 0-d int64 tensor on the graph's
     # device; None for a graph not made by sort_edges (refused by the convolution)
     fingerprint: Optional[torch.Tensor] = None
@@ -35,10 +34,11 @@ class EdgeGraph:
     def __getstate__(self):  # not the EdgeSortCache bookkeeping (a weak reference, a one-time token)
         return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_checked_for")}
 
-    def to(self, device) -> "EdgeGraph":
-        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
-                                            for f in dataclasses.fields(self)
-                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
+def edge_orders(graph: Optional[EdgeGraph]) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """What the convolution op carries of a graph: ``(perm, transpose_perm)``; ``(None, None)`` for no graph
+    (the atomic convolution)."""
+    return (None, None) if graph is None else (graph.perm, graph.transpose_perm)
 
 
 # --- fingerprint -------------------------------------------------------------------------------------------
@@ -184,7 +184,7 @@ def _edges_key(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -
 
 
 class EdgeSortCache:
-    """One CSR sort of the edges per forward pass, shared by every accelerated layer of a model.
+    """One sort of the edges per forward pass, shared by every accelerated layer of a model.
 
     Every layer of a forward pass receives the same edge list (the same storage, maybe through new views),
     so the first layer sorts it and the others find the result here. A new edge list (next MD step, next
@@ -249,57 +249,16 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _csr(keys: torch.Tensor, num_nodes: int):
-    perm = torch.sort(keys, stable=True).indices
-    bounds = torch.arange(num_nodes + 1, device=keys.device, dtype=keys.dtype)
-    rowptr = torch.searchsorted(keys[perm].contiguous(), bounds)
-    return perm, rowptr
-
-
-# Bytes per node of a sort: two row-pointer arrays and the searched bounds, int64.
-_BYTES_PER_NODE = 3 * 8
-# Below this many nodes the sort never asks how much memory is free (that query is not free on a GPU).
-_SIZE_CHECK_FROM = 1 << 24
-
-
-def _free_bytes(device: torch.device) -> Optional[int]:
-    """Memory the sort could still get on ``device`` (host: MemAvailable plus free swap), None if unknown."""
-    try:
-        if device.type == "cuda":
-            return torch.cuda.mem_get_info(device)[0]
-        if device.type == "cpu":
-            with open("/proc/meminfo") as f:
-                info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.strip()}
-            return info["MemAvailable"] + info.get("SwapFree", 0)
-    except (OSError, KeyError, ValueError, IndexError, RuntimeError):
-        if device.type == "cpu" and hasattr(os, "sysconf"):
-            try:
-                return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            except (ValueError, OSError):
-                pass
-    return None
-
-
-def _check_size(num_nodes: int, device: torch.device) -> None:
-    if num_nodes < _SIZE_CHECK_FROM or _capturing():
-        return
-    need = _BYTES_PER_NODE * (num_nodes + 1)
-    free = _free_bytes(device)
-    if free is not None and need > free:
-        raise ValueError(f"num_nodes={num_nodes} needs {need / 2**30:.1f} GiB for the CSR row pointers but "
-                         f"{device} has {free / 2**30:.1f} GiB free; num_nodes is the number of nodes (atoms) "
-                         "of the graph, x.shape[0]")
+def _order(keys: torch.Tensor) -> torch.Tensor:
+    """Edge ids ordered by ``keys`` (stable: equal keys keep their edge order, so sums are reproducible)."""
+    return torch.sort(keys, stable=True).indices
 
 
 def sort_edges(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> EdgeGraph:
-    """Sort edges by receiver into CSR, with the transpose permutation for the backward pass."""
+    """Order edges by receiver, with the transpose order (by sender) for the backward pass."""
     if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
         raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
     check_edge_indices(edge_dst, edge_src, num_nodes)
-    _check_size(num_nodes, edge_dst.device)
     fingerprint = None if _compiling() else edge_fingerprint(edge_dst, edge_src)
-    edge_dst, edge_src = edge_dst.long(), edge_src.long()
-    perm, rowptr = _csr(edge_dst, num_nodes)
-    tperm, trowptr = _csr(edge_src, num_nodes)
-    return EdgeGraph(num_nodes=num_nodes, num_edges=int(edge_dst.shape[0]), perm=perm, rowptr=rowptr,
-                     transpose_perm=tperm, transpose_rowptr=trowptr, fingerprint=fingerprint)
+    return EdgeGraph(num_nodes=num_nodes, num_edges=int(edge_dst.shape[0]), perm=_order(edge_dst.long()),
+                     transpose_perm=_order(edge_src.long()), fingerprint=fingerprint)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from mlip_accel.graph import sort_edges
+from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.ops import custom_ops  # noqa: F401
 from mlip_accel.problem import irreps_str, register_problem
 from mlip_accel.runtime import backend as cuda
@@ -89,7 +89,7 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
            "floor_fwd_ms": floor_fwd / bandwidth * 1e3, "floor_bwd_ms": floor_bwd / bandwidth * 1e3}
     ggs = [torch.randn_like(t) for t in (x, y, w)]
     for label, gr in (("det", graph), ("atomic", None)):
-        gt = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if gr is not None else (None,) * 4
+        gt = edge_orders(gr)
         fwd = lambda: ops.conv_forward(x, y, w, dst, src, *gt, key, "cuda")  # noqa: E731
         bwd = lambda: ops.conv_backward(x, y, w, gz, dst, src, *gt, key, "cuda")  # noqa: E731
         dbl = lambda: ops.conv_double_backward(x, y, w, gz, *ggs, dst, src, *gt, key, "cuda")  # noqa: E731
@@ -104,8 +104,7 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
         tp = e3nn_tp(problem, dtype)
         conv = lambda xx, yy, ww: torch.zeros(num_nodes, problem.dim_out, device="cuda", dtype=dtype).index_add(  # noqa: E731
             0, dst, tp(xx[src], yy, ww))
-        ours = ops.conv_forward(x, y, w, dst, src, *(graph.perm, graph.rowptr, graph.transpose_perm,
-                                                        graph.transpose_rowptr), key, "cuda")
+        ours = ops.conv_forward(x, y, w, dst, src, *edge_orders(graph), key, "cuda")
         res["rel_err_vs_e3nn"] = rel_err(ours, conv(x, y, w))
         res["e3nn_fwd_ms"] = median_ms(lambda: conv(x, y, w), 5, 1)
         xr, yr, wr = (t.detach().requires_grad_() for t in (x, y, w))
@@ -153,8 +152,9 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
         for b in budgets:
             with cuda.accumulator_budget(**{direction: b}):
                 gm = cuda.module_for(problem, dt, direction, "det")
-                fn = ((lambda: cuda.conv_forward(problem, x, y, w, dst, src, graph)) if direction == "forward" else
-                      (lambda: cuda.conv_backward(problem, x, y, w, gz, dst, src, graph)))
+                fn = ((lambda: cuda.conv_forward(problem, x, y, w, dst, src, graph.perm))
+                      if direction == "forward" else
+                      (lambda: cuda.conv_backward(problem, x, y, w, gz, dst, src, graph.transpose_perm)))
                 for epw in SWEEP_EPW:
                     ctx = cuda.edges_per_warp(epw) if epw else contextlib.nullcontext()
                     with ctx:
@@ -170,8 +170,8 @@ def once(problem, dtype, num_nodes: int, num_edges: int, rounds: int = 2) -> Non
     """Deterministic forward and backward, ``rounds`` times (for a profiler: skip the first round)."""
     x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     for _ in range(rounds):
-        cuda.conv_forward(problem, x, y, w, dst, src, graph)
-        cuda.conv_backward(problem, x, y, w, gz, dst, src, graph)
+        cuda.conv_forward(problem, x, y, w, dst, src, graph.perm)
+        cuda.conv_backward(problem, x, y, w, gz, dst, src, graph.transpose_perm)
         torch.cuda.synchronize()
 
 

@@ -11,7 +11,7 @@ import sys
 import torch
 
 from mlip_accel import reference
-from mlip_accel.graph import sort_edges
+from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.testing import TOL, rel_err
 from mlip_accel.testing.conv_cases import graph, inputs, random_uvu_problem
@@ -25,9 +25,10 @@ def main() -> int:
             x, y, w, gz = inputs(problem, 13, 77, dtype, "cuda", seed=1)
             dst, src = graph("hub", 13, 77, seed=1, device="cuda")
             for g in (sort_edges(dst, src, 13), None):
-                checks = [(cuda.conv_forward(problem, x, y, w, dst, src, g),
+                perm, tperm = edge_orders(g)
+                checks = [(cuda.conv_forward(problem, x, y, w, dst, src, perm),
                            reference.conv_forward(problem, x, y, w, dst, src))]
-                checks += zip(cuda.conv_backward(problem, x, y, w, gz, dst, src, g),
+                checks += zip(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
                               reference.conv_backward(problem, x, y, w, gz, dst, src))
                 xe, gze = x[src].contiguous(), gz[dst].contiguous()
                 checks.append((cuda.tp_forward(problem, xe, y, w), reference.tp_forward(problem, xe, y, w)))

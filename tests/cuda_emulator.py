@@ -1,5 +1,6 @@
 """Run the generated CUDA kernels on the CPU (tests only): g++ compiles the generated source against
-cuda_emulator.h, and the backend launches it through ``mlip_accel.runtime.executor.use_executor``.
+cuda_emulator.h, and every kernel family launches it through ``mlip_accel.runtime.executor.use_executor``
+(the same launch path and argument marshalling as on a GPU: runtime.launch_plan).
 
 This checks the generated code's indexing, schedule, walk, flushes and fixup on machines without a GPU.
 It says nothing about speed, registers or the NVRTC toolchain (test_codegen_compile.py and the GPU
@@ -16,9 +17,7 @@ from pathlib import Path
 
 import torch
 
-from mlip_accel.codegen import GeneratedModule
 from mlip_accel.codegen.launch_plan import LaunchPlan
-from mlip_accel.runtime.executor import I32, I64
 
 SHIM = Path(__file__).with_name("cuda_emulator.h")
 CXX = shutil.which("g++")
@@ -54,38 +53,31 @@ def build_library(source: str, build_dir: Path) -> ctypes.CDLL:
 
 
 class CpuEmulator:
-    """Executor for CPU tensors: compiles each generated module once with g++ and runs it on threads."""
+    """Executor for CPU tensors: compiles each generated program (a tensor-product module, a symmetric-contraction
+    kernel) once with g++, with an entry point per plan, and runs it on threads."""
 
     def __init__(self, build_dir: Path | None = None):
         self.build_dir = Path(build_dir or tempfile.mkdtemp(prefix="mlip_accel_emu_"))
-        self._libs: dict[int, tuple[GeneratedModule, ctypes.CDLL]] = {}
+        self._libs: dict[int, tuple[object, ctypes.CDLL]] = {}
         self.launches: list[tuple[str, tuple, tuple]] = []
 
     def accepts(self, device: torch.device) -> bool:
         return device.type == "cpu"
 
-    def _library(self, module: GeneratedModule) -> ctypes.CDLL:
-        hit = self._libs.get(id(module))
-        if hit is not None and hit[0] is module:
+    def _library(self, program) -> ctypes.CDLL:
+        hit = self._libs.get(id(program))
+        if hit is not None and hit[0] is program:
             return hit[1]
-        lib = build_library(module.source + "\n" + "".join(entry(plan) for plan in module.plans), self.build_dir)
-        self._libs[id(module)] = (module, lib)
+        lib = build_library(program.source + "\n" + "".join(entry(plan) for plan in program.plans), self.build_dir)
+        self._libs[id(program)] = (program, lib)
         return lib
 
-    def launch(self, module: GeneratedModule, kernel: str, grid, block, args, device) -> None:
-        lib = self._library(module)
-        values = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                values.append(a.data_ptr())
-            elif a is None:
-                values.append(0)
-            elif isinstance(a, (I64, I32)):
-                values.append(a.value & 0xFFFFFFFFFFFFFFFF)
-            else:
-                raise TypeError(f"unsupported kernel argument {a!r}")
-        array = (ctypes.c_ulonglong * len(values))(*values)
-        fn = getattr(lib, f"emu_{kernel}")
+    def launch(self, program, plan: LaunchPlan, grid, block, args, device) -> None:
+        """``args`` as runtime.launch_plan.kernel_arguments gives them: 64-bit words the entry point casts to
+        the plan's C types."""
+        lib = self._library(program)
+        array = (ctypes.c_ulonglong * len(args))(*[v & 0xFFFFFFFFFFFFFFFF for v in args])
+        fn = getattr(lib, f"emu_{plan.kernel}")
         fn.restype = None
-        self.launches.append((kernel, tuple(grid), tuple(block)))
+        self.launches.append((plan.kernel, tuple(grid), tuple(block)))
         fn(*(ctypes.c_uint(v) for v in (*grid, *block)), array)

@@ -15,7 +15,7 @@ import cuda_emulator
 from kernel_cases import (TOL, bench_problem, bench_problem_specs, channelwise, graph, inputs, random_uvu_problem,
                           rel_err)
 from mlip_accel import reference
-from mlip_accel.graph import sort_edges
+from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.problem import describe
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug
@@ -48,10 +48,10 @@ def _check(got, want, dtype, what):
 def _conv_case(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, need=(True, True, True)):
     x, y, w, gz = inputs(problem, num_nodes, num_edges, dtype, seed=seed)
     dst, src = graph(kind, num_nodes, num_edges, seed=seed)
-    g = sort_edges(dst, src, num_nodes) if deterministic else None
-    out = cuda.conv_forward(problem, x, y, w, dst, src, g)
+    perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
+    out = cuda.conv_forward(problem, x, y, w, dst, src, perm)
     _check(out, reference.conv_forward(problem, x, y, w, dst, src), dtype, "conv forward")
-    grads = cuda.conv_backward(problem, x, y, w, gz, dst, src, g, need)
+    grads = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm, need)
     _check(grads, reference.conv_backward(problem, x, y, w, gz, dst, src, None, need), dtype, "conv backward")
 
 
@@ -108,7 +108,7 @@ def test_zero_edges_return_zeros_without_launch(emulated):
     x, y, w, gz = inputs(problem, 4, 0, torch.float64)
     empty = torch.zeros(0, dtype=torch.long)
     before = len(emulated.launches)
-    out = cuda.conv_forward(problem, x, y, w, empty, empty, sort_edges(empty, empty, 4))
+    out = cuda.conv_forward(problem, x, y, w, empty, empty, sort_edges(empty, empty, 4).perm)
     assert torch.equal(out, torch.zeros_like(out))
     gx, gy, gw = cuda.conv_backward(problem, x, y, w, gz, empty, empty, None)
     assert torch.equal(gx, torch.zeros_like(x)) and gy.shape == y.shape and gw.shape == w.shape

@@ -14,7 +14,7 @@ import mlip_accel
 from kernel_cases import (TOL, bench_problem, bench_problem_specs, graph, inputs, random_uvu_problem,
                           rel_err)
 from mlip_accel import reference
-from mlip_accel.graph import sort_edges
+from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.problem import irreps_str, register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug
@@ -52,15 +52,15 @@ def _assert_close(got, want, dtype, what):
 def _conv_check(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, need=(True, True, True)):
     x, y, w, gz = inputs(problem, num_nodes, num_edges, dtype, DEV, seed=seed)
     dst, src = graph(kind, num_nodes, num_edges, seed=seed, device=DEV)
-    g = sort_edges(dst, src, num_nodes) if deterministic else None
+    perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
     if num_edges == 0:  # nothing to sum: zeros (the reference does not take empty batches)
         want_fwd = torch.zeros(num_nodes, problem.dim_out, dtype=torch.float64, device=DEV)
         want_bwd = tuple(torch.zeros_like(t, dtype=torch.float64) if n else None for t, n in zip((x, y, w), need))
     else:
         want_fwd = _ref64(reference.conv_forward, problem, x, y, w, dst, src)
         want_bwd = _ref64(reference.conv_backward, problem, x, y, w, gz, dst, src, need=need)
-    _assert_close(cuda.conv_forward(problem, x, y, w, dst, src, g), want_fwd, dtype, "conv forward")
-    _assert_close(cuda.conv_backward(problem, x, y, w, gz, dst, src, g, need), want_bwd, dtype, "conv backward")
+    _assert_close(cuda.conv_forward(problem, x, y, w, dst, src, perm), want_fwd, dtype, "conv forward")
+    _assert_close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm, need), want_bwd, dtype, "conv backward")
 
 
 def _tp_check(problem, dtype, rows, seed):
@@ -129,10 +129,11 @@ def test_deterministic_mode_is_bitwise_reproducible():
     x, y, w, gz = inputs(problem, 200, 20000, torch.float32, DEV, seed=3)
     dst, src = graph("hub", 200, 20000, seed=3, device=DEV)
     g = sort_edges(dst, src, 200)
-    first = (cuda.conv_forward(problem, x, y, w, dst, src, g), *cuda.conv_backward(problem, x, y, w, gz, dst, src, g))
+    first = (cuda.conv_forward(problem, x, y, w, dst, src, g.perm),
+             *cuda.conv_backward(problem, x, y, w, gz, dst, src, g.transpose_perm))
     for _ in range(3):
-        again = (cuda.conv_forward(problem, x, y, w, dst, src, g),
-                 *cuda.conv_backward(problem, x, y, w, gz, dst, src, g))
+        again = (cuda.conv_forward(problem, x, y, w, dst, src, g.perm),
+                 *cuda.conv_backward(problem, x, y, w, gz, dst, src, g.transpose_perm))
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
@@ -194,8 +195,7 @@ def test_opcheck_cuda(deterministic):
     x, y, w, gz = inputs(problem, 9, 40, torch.float64, DEV, seed=7)
     x, y, w, gz = (t.requires_grad_() for t in (x, y, w, gz))
     dst, src = graph("random", 9, 40, seed=7, device=DEV)
-    sg = sort_edges(dst, src, 9)
-    g = (sg.perm, sg.rowptr, sg.transpose_perm, sg.transpose_rowptr) if deterministic else (None,) * 4
+    g = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
     ops = torch.ops.mlip_accel
     torch.library.opcheck(ops.conv_forward.default, (x, y, w, dst, src, *g, key, "cuda"))
     torch.library.opcheck(ops.conv_backward.default, (x, y, w, gz, dst, src, *g, key, "cuda"))
@@ -216,12 +216,12 @@ def test_no_cupy_memory_pool_and_current_stream():
     x, y, w, gz = inputs(problem, 50, 2000, torch.float32, DEV, seed=8)
     dst, src = graph("random", 50, 2000, seed=8, device=DEV)
     g = sort_edges(dst, src, 50)
-    expected = cuda.conv_forward(problem, x, y, w, dst, src, g)
+    expected = cuda.conv_forward(problem, x, y, w, dst, src, g.perm)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         torch.cuda._sleep(20_000_000)  # keep the side stream busy: a launch on another stream would race
-        got = cuda.conv_forward(problem, x, y, w, dst, src, g)
+        got = cuda.conv_forward(problem, x, y, w, dst, src, g.perm)
     torch.cuda.current_stream().wait_stream(stream)
     assert torch.equal(got, expected)
     assert cupy.get_default_memory_pool().used_bytes() == 0

@@ -89,3 +89,27 @@ def test_weight_required_and_internal(setup):
     tp, conv, x, y, w, dst, src = setup
     with pytest.raises(ValueError, match="weight is required"):
         conv(x, y, None, dst, src)
+
+
+def test_tensor_product_checks_each_input_once(setup, monkeypatch):
+    """x, y and the weights are checked once per forward (flatten_batch), then only for one dtype and device;
+    bad input is still refused naming the argument."""
+    from mlip_accel.modules import e3nn_api, tensor_product
+    tp = mlip_accel.TensorProduct.from_e3nn(setup[0], backend="reference")
+    x, y, w = random_inputs(setup[0], 4, 4, torch.float64)
+    checked = []
+    for module, name in ((e3nn_api, "_check_operand"), (tensor_product, "check_tensor"),
+                         (tensor_product, "check_weights")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda n, *a, _real=real, **k: (checked.append(n), _real(n, *a, **k))[1])
+    tp(x, y, w)
+    assert sorted(c for c in checked if isinstance(c, str)) == ["weight", "x", "y"]
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match="y is torch.float32 but x is torch.float64"):
+        tp(x, y.float(), w)
+    with pytest.raises(TypeError, match="weight is torch.float32 but x is torch.float64"):
+        tp(x, y, w.float())
+    with pytest.raises(ValueError, match="weight is on meta but x is on cpu"):
+        tp(x, y, w.to("meta"))
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 512\)"):
+        tp(x[:, 1:], y, w)

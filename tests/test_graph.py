@@ -1,11 +1,11 @@
-"""sort_edges: CSR by receiver, transpose by sender, validation."""
+"""sort_edges: edges ordered by receiver, transpose by sender, validation."""
 import pytest
 import torch
 
 import mlip_accel
 
 
-def test_csr_and_transpose_are_consistent():
+def test_order_and_transpose_are_consistent():
     gen = torch.Generator().manual_seed(0)
     n, e = 9, 40
     dst, src = torch.randint(0, n, (e,), generator=gen), torch.randint(0, n, (e,), generator=gen)
@@ -13,20 +13,29 @@ def test_csr_and_transpose_are_consistent():
     g = mlip_accel.sort_edges(dst, src, n)
     assert g.num_nodes == n and g.num_edges == e
     assert sorted(g.perm.tolist()) == list(range(e)) and sorted(g.transpose_perm.tolist()) == list(range(e))
-    for perm, rowptr, keys in ((g.perm, g.rowptr, dst), (g.transpose_perm, g.transpose_rowptr, src)):
-        assert rowptr.shape == (n + 1,) and rowptr[0] == 0 and rowptr[-1] == e
+    for perm, keys in ((g.perm, dst), (g.transpose_perm, src)):
+        assert perm.dtype == torch.int64 and perm.shape == (e,)
+        assert (keys[perm][1:] >= keys[perm][:-1]).all()  # grouped by node, nodes ascending
         for node in range(n):
-            ids = perm[rowptr[node]:rowptr[node + 1]]
-            assert (keys[ids] == node).all()
-            assert ids.tolist() == sorted(ids.tolist())  # stable: deterministic order within a row
-    assert (g.rowptr[1:] - g.rowptr[:-1]).tolist() == torch.bincount(dst, minlength=n).tolist()
+            ids = perm[keys[perm] == node]
+            assert ids.tolist() == sorted(ids.tolist())  # stable: deterministic order within a node's edges
 
 
 def test_empty_edges_and_isolated_nodes():
     g = mlip_accel.sort_edges(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 4)
-    assert g.rowptr.tolist() == [0, 0, 0, 0, 0] and g.perm.numel() == 0
+    assert g.perm.numel() == 0 and g.transpose_perm.numel() == 0 and g.num_nodes == 4
     g = mlip_accel.sort_edges(torch.tensor([2]), torch.tensor([0]), 4)
-    assert g.rowptr.tolist() == [0, 0, 0, 1, 1] and g.transpose_rowptr.tolist() == [0, 1, 1, 1, 1]
+    assert g.perm.tolist() == [0] and g.transpose_perm.tolist() == [0]
+
+
+def test_graph_carries_only_what_the_kernels_read():
+    """Two edge orders (and the fingerprint that validates them): no row pointers, which no kernel reads and
+    which cost a per-node allocation and two searches per structure."""
+    g = mlip_accel.sort_edges(torch.tensor([2, 0, 1, 0]), torch.tensor([0, 1, 2, 2]), 3)
+    tensors = {k for k, v in vars(g).items() if isinstance(v, torch.Tensor)}
+    assert tensors == {"perm", "transpose_perm", "fingerprint"}
+    assert mlip_accel.graph.edge_orders(g) == (g.perm, g.transpose_perm)
+    assert mlip_accel.graph.edge_orders(None) == (None, None)
 
 
 def test_int32_indices_accepted():
@@ -54,7 +63,7 @@ def test_edge_sort_cache_sorts_once_per_edge_list_and_notices_edits():
     assert cache.graph(edge_index[1], edge_index[0], 3) is g1 and cache.sorts == 1  # new views, same storage
     edge_index[1, 0] = 0  # in place: the version counter moves
     g2 = cache.graph(edge_index[1], edge_index[0], 3)
-    assert cache.sorts == 2 and g2.rowptr.tolist() == [0, 2, 3, 4]
+    assert cache.sorts == 2 and g2.perm.tolist() == [0, 2, 3, 1]
     with torch.inference_mode():
         frozen = torch.tensor([[0, 1], [1, 0]])
         cache.graph(frozen[1], frozen[0], 2)
@@ -62,4 +71,4 @@ def test_edge_sort_cache_sorts_once_per_edge_list_and_notices_edits():
         assert cache.sorts == 3
         frozen[1] = torch.tensor([1, 1])  # inference tensors keep no version: caught by the index copy
         g = cache.graph(frozen[1], frozen[0], 2)
-        assert cache.sorts == 4 and g.rowptr.tolist() == [0, 0, 2]
+        assert cache.sorts == 4 and g.perm.tolist() == [0, 1] and g.transpose_perm.tolist() == [0, 1]

@@ -12,7 +12,7 @@ import mlip_accel
 PACKAGE = pathlib.Path(mlip_accel.__file__).parent
 
 # Bottom to top; a module may import its own layer and those below. graph.py (plain edge data and its sort)
-# sits with problem: runtime, ops and modules all take an EdgeGraph. reference (the pure-PyTorch backend)
+# sits with problem: modules take an EdgeGraph, ops and runtime its edge orders. reference (the pure-PyTorch backend)
 # sits with codegen: the runtime falls back to it. The package root (mlip_accel/__init__.py) is the facade
 # above everything: it may import any layer, and nothing inside the package imports it.
 LAYERS = (

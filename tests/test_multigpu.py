@@ -20,7 +20,7 @@ import torch
 
 from kernel_cases import TOL, graph, inputs, random_uvu_problem, rel_err
 from mlip_accel import reference
-from mlip_accel.graph import sort_edges
+from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.problem import describe
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import executor
@@ -42,8 +42,8 @@ class _RecordingExecutor:
     def accepts(self, device):
         return device.type in ("cpu", "meta")
 
-    def launch(self, module, kernel, grid, block, args, device):
-        self.launches.append(kernel)
+    def launch(self, program, plan, grid, block, args, device):
+        self.launches.append(plan.kernel)
 
 
 def _small_problem(shared_weights=False):
@@ -58,16 +58,17 @@ def _cpu_inputs(problem, nodes=5, edges=7):
     return x, y, w, gz, dst, src
 
 
-@pytest.mark.parametrize("moved", ["y", "w", "grad_z", "edge_src", "graph"])
+@pytest.mark.parametrize("moved", ["y", "w", "grad_z", "edge_src", "transpose_perm"])
 def test_mixed_devices_refused_naming_both_before_any_launch(moved):
     problem = _small_problem()
     x, y, w, gz, dst, src = _cpu_inputs(problem)
     g = sort_edges(dst, src, x.shape[0])
-    args = dict(y=y, w=w, grad_z=gz, edge_src=src, graph=g)
-    args[moved] = g.to("meta") if moved == "graph" else args[moved].to("meta")
+    args = dict(y=y, w=w, grad_z=gz, edge_src=src, transpose_perm=g.transpose_perm)
+    args[moved] = args[moved].to("meta")
     recorder = _RecordingExecutor()
     with executor.use_executor(recorder), pytest.raises(ValueError) as err:
-        cuda.conv_backward(problem, x, args["y"], args["w"], args["grad_z"], dst, args["edge_src"], args["graph"])
+        cuda.conv_backward(problem, x, args["y"], args["w"], args["grad_z"], dst, args["edge_src"],
+                           args["transpose_perm"])
     message = str(err.value)
     assert "cpu" in message and "meta" in message and "one device" in message, message
     assert recorder.launches == []
@@ -157,9 +158,14 @@ def fake_gpus(monkeypatch):
 
 
 def _fake_module():
-    source = ('extern "C" __global__ void walk(float* x) { x[threadIdx.x] += 1.0f; }\n'
-              'extern "C" __global__ void fix(float* x) { x[threadIdx.x] *= 2.0f; }\n')
-    return types.SimpleNamespace(source=source, walk_kernel="walk", fixup_kernel="fix")
+    """A program of two kernels with their plans (x, then a count), as codegen makes them."""
+    from mlip_accel.codegen.launch_plan import Argument, GridRule, LaunchPlan
+    source = ('extern "C" __global__ void walk(float* x, long long n) { x[threadIdx.x] += 1.0f; }\n'
+              'extern "C" __global__ void fix(float* x, long long n) { x[threadIdx.x] *= 2.0f; }\n')
+    args = (Argument("x", "float*", "output", "[n]"), Argument("n", "long long", "scalar"))
+    plans = tuple(LaunchPlan(family="test", kernel=k, arguments=args,
+                             grid=GridRule(items="n", threads_per_item=1, block_threads=32)) for k in ("walk", "fix"))
+    return types.SimpleNamespace(source=source, plans=plans, walk=plans[0], fix=plans[1])
 
 
 def test_compiled_once_per_architecture_loaded_and_launched_per_device(fake_gpus):
@@ -167,8 +173,8 @@ def test_compiled_once_per_architecture_loaded_and_launched_per_device(fake_gpus
     exe, module = executor.CudaExecutor(), _fake_module()
     compiled = compiler.STATS.compiled
     for index in (1, 0, 1, 0):
-        exe.launch(module, "walk", (1, 1, 1), (32, 1, 1), [executor.I64(3)], torch.device("cuda", index))
-        exe.launch(module, "fix", (1, 1, 1), (32, 1, 1), [None], torch.device("cuda", index))
+        exe.launch(module, module.walk, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", index))
+        exe.launch(module, module.fix, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", index))
     assert compiler.STATS.compiled == compiled + 1  # one architecture: one compile
     assert [ctx for ctx, _ in fake_gpus.modules] == [1001, 1000]  # loaded once per device, in its context
     assert exe.loaded_devices() == {0, 1}
@@ -181,19 +187,19 @@ def test_compiled_once_per_architecture_loaded_and_launched_per_device(fake_gpus
 
 def test_context_set_only_when_not_current_and_foreign_context_refused(fake_gpus):
     exe, module = executor.CudaExecutor(), _fake_module()
-    exe.launch(module, "walk", (1, 1, 1), (32, 1, 1), [None], torch.device("cuda", 1))
+    exe.launch(module, module.walk, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", 1))
     calls = len(fake_gpus.set_device_calls)
-    exe.launch(module, "walk", (1, 1, 1), (32, 1, 1), [None], torch.device("cuda", 1))
+    exe.launch(module, module.walk, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", 1))
     assert len(fake_gpus.set_device_calls) == calls  # already current: one driver query, no switch
     fake_gpus.current = 0  # a fresh thread: no context current
-    exe.launch(module, "walk", (1, 1, 1), (32, 1, 1), [None], torch.device("cuda", 1))
+    exe.launch(module, module.walk, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", 1))
     assert fake_gpus.launches[-1][:2] == (1001, 1001)
 
     # a context pushed by hand that cudaSetDevice does not replace: refuse rather than launch in it
     fake_gpus.setDevice = lambda index: None
     fake_gpus.current = 7
     with pytest.raises(RuntimeError, match="refusing to launch"):
-        exe.launch(module, "walk", (1, 1, 1), (32, 1, 1), [None], torch.device("cuda", 1))
+        exe.launch(module, module.walk, (1, 1, 1), (32, 1, 1), [0, 3], torch.device("cuda", 1))
     assert fake_gpus.launches[-1][:2] == (1001, 1001)
 
 
@@ -214,9 +220,9 @@ def _reference(problem, x, y, w, gz, dst, src):
 def _check_conv_on(device, problem, dtype, deterministic, seed=0):
     x, y, w, gz = inputs(problem, 40, 300, dtype, device=device, seed=seed)
     dst, src = graph("hub", 40, 300, seed=seed, device=device)
-    g = sort_edges(dst, src, 40) if deterministic else None
-    z = cuda.conv_forward(problem, x, y, w, dst, src, g)
-    grads = cuda.conv_backward(problem, x, y, w, gz, dst, src, g)
+    perm, tperm = edge_orders(sort_edges(dst, src, 40) if deterministic else None)
+    z = cuda.conv_forward(problem, x, y, w, dst, src, perm)
+    grads = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm)
     want_z, want_grads = _reference(problem, x, y, w, gz, dst, src)
     assert z.device == torch.device(device)
     assert rel_err(z, want_z) <= TOL[dtype]
@@ -347,7 +353,7 @@ _ONLY_CUDA1 = textwrap.dedent("""
     problem = random_uvu_problem(5)
     x, y, w, gz = inputs(problem, 40, 300, torch.float32, device=device)
     dst, src = graph("random", 40, 300, device=device)
-    z = cuda.conv_forward(problem, x, y, w, dst, src, sort_edges(dst, src, 40))
+    z = cuda.conv_forward(problem, x, y, w, dst, src, sort_edges(dst, src, 40).perm)
     cuda.conv_backward(problem, x, y, w, gz, dst, src, None)
     torch.cuda.synchronize(device)
     err = rel_err(z, reference.conv_forward(problem, x.double(), y.double(), w.double(), dst, src))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import mlip_accel
+from mlip_accel.graph import edge_orders
 from helpers import bench_e3nn_tp, bench_problems, e3nn_conv, e3nn_tp, random_graph, random_inputs, random_problem, rel_err
 
 SMALL = ("3x0e+2x1o", "1x0e+1x1o+1x2e", "3x0e+2x1o+2x2e")
@@ -22,7 +23,7 @@ def conv_args(tp, deterministic, num_nodes=5, num_edges=11, requires_grad=False)
     x, y, w = random_inputs(tp, num_nodes, num_edges, torch.float64, requires_grad=requires_grad)
     dst, src = random_graph(num_nodes, num_edges, torch.Generator().manual_seed(2))
     graph = mlip_accel.sort_edges(dst, src, num_nodes)
-    g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr) if deterministic else (None,) * 4
+    g = edge_orders(graph if deterministic else None)
     return x, y, w, dst, src, g
 
 
@@ -37,6 +38,26 @@ def test_opcheck_conv_ops(deterministic):
     gg = [torch.randn_like(t) for t in (x, y, w)]
     torch.library.opcheck(torch.ops.mlip_accel.conv_double_backward.default,
                           (x.detach(), y.detach(), w.detach(), gz.detach(), *gg, dst, src, *g, key, "reference"))
+
+
+def test_conv_ops_carry_only_what_the_kernels_read():
+    """The conv ops take the edges and the graph's two edge orders (no row pointers, no EdgeGraph repacked)."""
+    graph_args = ["edge_dst", "edge_src", "perm", "transpose_perm"]
+    for op in ("conv_forward", "conv_backward", "conv_double_backward"):
+        names = [a.name for a in getattr(torch.ops.mlip_accel, op).default._schema.arguments]
+        assert not [n for n in names if "rowptr" in n], (op, names)
+        assert names[names.index("edge_dst"):names.index("edge_dst") + 4] == graph_args, (op, names)
+
+
+def test_conv_op_refuses_one_edge_order_without_the_other():
+    tp = small_tp()
+    key = mlip_accel.TensorProductConv.from_e3nn(tp).problem_key
+    x, y, w, dst, src, (perm, tperm) = conv_args(tp, True)
+    with pytest.raises(ValueError, match="perm and transpose_perm are given together"):
+        torch.ops.mlip_accel.conv_forward(x, y, w, dst, src, perm, None, key, "reference")
+    with pytest.raises(ValueError, match="perm and transpose_perm are given together"):
+        torch.ops.mlip_accel.conv_backward(x, y, w, torch.zeros(x.shape[0], tp.irreps_out.dim, dtype=x.dtype),
+                                           dst, src, None, tperm, key, "reference")
 
 
 def test_opcheck_tp_ops():

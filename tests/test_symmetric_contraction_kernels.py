@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("mace")
 
-import plan_emulator  # noqa: E402
+import cuda_emulator  # noqa: E402
 from symcon_cases import CASES, inputs, problem, rel_err  # noqa: E402
 from mlip_accel.codegen.launch_plan import LaunchPlan  # noqa: E402
 from mlip_accel.codegen.symmetric_contraction import DIRECTIONS, SymconSpec, generate_symmetric_contraction  # noqa: E402
@@ -16,21 +16,22 @@ from mlip_accel.problem import register_problem  # noqa: E402
 from mlip_accel.reference import symmetric_contraction as reference  # noqa: E402
 from mlip_accel.runtime import debug  # noqa: E402
 from mlip_accel.runtime import symmetric_contraction as runtime  # noqa: E402
-from mlip_accel.runtime.launch_plan import launch, use_plan_executor  # noqa: E402
+from mlip_accel.runtime.executor import use_executor  # noqa: E402
+from mlip_accel.runtime.launch_plan import launch  # noqa: E402
 
 pytestmark = [pytest.mark.mace,
-              pytest.mark.skipif(not plan_emulator.available(), reason="no C++ compiler (g++) for the emulator")]
+              pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory):
-    return plan_emulator.PlanEmulator(tmp_path_factory.mktemp("symcon_emu"))
+    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("symcon_emu"))
 
 
 @pytest.fixture
 def emulated(emulator):
-    with use_plan_executor(emulator), debug.poison():
+    with use_executor(emulator), debug.poison():
         yield emulator
 
 
@@ -71,18 +72,25 @@ def test_launch_plan_is_serialisable_and_names_everything():
     assert plan.grid.grid(5) == ((1, 1, 1), (128, 1, 1))
 
 
-def test_launch_refuses_wrong_arguments(emulated):
+def test_wrong_arguments_refused_before_any_launch(emulated):
     p = problem("ell1-L1-corr2")
-    x, elements, w, _ = inputs(p, nodes=3, dtype=torch.float32)
+    x, elements, w, gz = inputs(p, nodes=3, dtype=torch.float32)
     kernel = runtime.kernel_for(p, torch.float32, "forward")
     out = torch.empty(3, p.dim_out)
-    with pytest.raises(TypeError, match="must hold float"):
-        launch(kernel, dict(x=x.double(), elements=elements, weights=w, out=out, nodes=3))
-    with pytest.raises(ValueError, match="missing arguments"):
-        launch(kernel, dict(x=x, elements=elements, weights=w, nodes=3))
-    with pytest.raises(ValueError, match="contiguous"):
-        launch(kernel, dict(x=x.transpose(1, 2).contiguous().transpose(1, 2), elements=elements, weights=w,
-                            out=out, nodes=3))
+    before = len(emulated.launches)
+    # the plan's structure at the launch: names, required arguments
+    with pytest.raises(ValueError, match=r"missing arguments \['out'\]"):
+        launch(kernel, kernel.plan, dict(x=x, elements=elements, weights=w, nodes=3), x.device)
+    with pytest.raises(ValueError, match=r"unknown arguments \['grad_out'\]"):
+        launch(kernel, kernel.plan, dict(x=x, elements=elements, weights=w, out=out, grad_out=gz, nodes=3), x.device)
+    # dtypes, devices, contiguity once per call, at the family's entry point
+    with pytest.raises(TypeError, match="weights must hold torch.float64"):
+        runtime.forward(p, x.double(), elements, w)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        runtime.forward(p, x.transpose(1, 2).contiguous().transpose(1, 2), elements, w)
+    with pytest.raises(TypeError, match="grad_out must hold torch.float32"):
+        runtime.backward(p, x, elements, w, gz.double())
+    assert len(emulated.launches) == before
 
 
 def test_ops_gradcheck_and_gradgradcheck_on_emulated_kernels(emulated):

@@ -1,7 +1,7 @@
 """Batches past 2^31 edges (TorchSim concatenates every system's edges into one list): no 32-bit index anywhere.
 
 A batch of 1000-atom systems reaches 2^31 edges long before the GPU runs out of memory for the indices alone,
-so every index we compute (CSR permutations and row pointers, kernel edge/node offsets) must be 64-bit. A real
+so every index we compute (edge orders, kernel edge/node offsets) must be 64-bit. A real
 2^31-edge tensor does not fit here: the sort is traced on meta tensors, the kernels are read from their source.
 No framework needed: runs in every environment.
 """
@@ -14,27 +14,26 @@ import torch
 
 from kernel_cases import bench_problem, bench_problem_specs
 from mlip_accel.codegen import KernelSpec, generate
-from mlip_accel.graph import _csr, sort_edges
+from mlip_accel.graph import _order, sort_edges
 
 BEYOND_INT32 = 2 ** 31 + 3
 
 
-def test_csr_of_more_than_2_pow_31_edges_is_int64():
+def test_order_of_more_than_2_pow_31_edges_is_int64():
     keys = torch.empty(BEYOND_INT32, dtype=torch.int64, device="meta")
-    perm, rowptr = _csr(keys, 1000)
-    assert perm.dtype == rowptr.dtype == torch.int64
-    assert perm.shape == (BEYOND_INT32,) and rowptr.shape == (1001,)
+    perm = _order(keys)
+    assert perm.dtype == torch.int64 and perm.shape == (BEYOND_INT32,)
 
 
-def test_int32_edge_lists_give_int64_csr():
-    """An int32 edge list (some neighbour lists make them) is widened before the sort: its row pointers hold
-    edge counts, which overflow int32 first."""
+def test_int32_edge_lists_give_int64_orders():
+    """An int32 edge list (some neighbour lists make them) gives int64 edge orders: they hold edge ids, which
+    overflow int32 first."""
     dst = torch.tensor([2, 0, 1, 0], dtype=torch.int32)
     src = torch.tensor([0, 1, 2, 2], dtype=torch.int32)
     graph = sort_edges(dst, src, 3)
-    for name in ("perm", "rowptr", "transpose_perm", "transpose_rowptr"):
+    for name in ("perm", "transpose_perm"):
         assert getattr(graph, name).dtype == torch.int64, name
-    assert graph.rowptr.tolist() == [0, 2, 3, 4]
+    assert graph.perm.tolist() == [1, 3, 2, 0]
 
 
 # Variables of the generated kernels that hold an edge id, a node id, a position in the edge order, a warp or

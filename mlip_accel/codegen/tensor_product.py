@@ -208,7 +208,7 @@ class _PhaseEmitter:
         self.phase = schedule.phases[phase_index]
         self.index = phase_index
         self.multi_phase = len(schedule.phases) > 1
-        self.layout = "mul_ir" if spec.variant == "tp" else "ir_mul"
+        self.layout = node_layout(spec)
         self.seg_index = {(s.irrep, s.chunk): n for n, s in enumerate(self.phase.segments)}
         self.acc_irreps = self.p.irreps_out if spec.direction == "forward" else self.p.irreps_in1
         self.acc_offsets = self.p.offsets_out if spec.direction == "forward" else self.p.offsets_in1

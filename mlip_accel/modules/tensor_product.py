@@ -5,11 +5,11 @@ import torch
 from torch import nn
 
 from . import e3nn_api  # the rest of e3nn's TensorProduct interface (batch shapes, weight views, right)
-from ..graph import EdgeGraph, check_edge_indices, sort_edges
+from ..graph import EdgeGraph, check_edge_indices, edge_orders, sort_edges
 from ..ops import backends
 from ..ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
 from ..problem import TPProblem, build_e3nn_tp, from_e3nn, irreps_str, register_problem
-from .validation import check_e3nn_tensor_product, check_flag, check_tensor, check_weights
+from .validation import check_e3nn_tensor_product, check_flag, check_like_x, check_tensor, check_weights
 
 
 class _TPBase(nn.Module):
@@ -109,9 +109,13 @@ class TensorProduct(_TPBase):
         p = self.problem
         w = self._weight(e3nn_api.join_weights(p, weight), x) if p.weight_numel else None
         checking = not torch.compiler.is_compiling()
+        # flatten_batch checks each operand (a tensor, floating point, its width, the batch shapes); what is
+        # left is one dtype and one device
         x2, y2, w2, batch = e3nn_api.flatten_batch(p, x, y, w, check=checking)
         if checking:
-            self._check_inputs(x2, y2, w2, rows=x2.shape[0], rows_name="batch")
+            check_like_x("y", y2, x.dtype, x.device)
+            if p.weight_numel:
+                check_like_x("weight", w2, x.dtype, x.device)
         # (the problem's cached sizes hold a lock torch.compile cannot trace: looked at in eager mode only)
         if checking and e3nn_api.runs_on_reference_only(p, x2.shape[0]):
             backend = "reference"
@@ -222,12 +226,9 @@ class TensorProductConv(_TPBase):
                 # indices in range and the graph sorted from exactly these edges, in one host sync; a stale
                 # EdgeSortCache entry comes back sorted again
                 graph = check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device, graph=graph)
-        if self.deterministic:
-            if graph is None:
-                graph = sort_edges(edge_dst, edge_src, num_nodes)
-            g = (graph.perm, graph.rowptr, graph.transpose_perm, graph.transpose_rowptr)
-        else:
-            g = (None, None, None, None)
+        if self.deterministic and graph is None:
+            graph = sort_edges(edge_dst, edge_src, num_nodes)
+        g = edge_orders(graph if self.deterministic else None)
         backend = backends.resolve(self.backend, x.device, self.problem)
         return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
                                                  self.problem_key, backend)

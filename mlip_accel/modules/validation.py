@@ -16,6 +16,11 @@ def check_tensor(name: str, t, *, dim: int, width: int, dtype=None, device=None,
         raise ValueError(f"{name} must have shape ({rows_name or 'batch'}, {dim}) for {width}, got {tuple(t.shape)}")
     if rows is not None and t.shape[0] != rows:
         raise ValueError(f"{name} has {t.shape[0]} rows but {rows_name} is {rows}")
+    check_like_x(name, t, dtype, device)
+
+
+def check_like_x(name: str, t: torch.Tensor, dtype=None, device=None) -> None:
+    """``t`` (a tensor) has x's dtype and device (None: not checked)."""
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} is {t.dtype} but x is {dtype}: all inputs must share one dtype")
     if device is not None and t.device != device:
@@ -32,10 +37,7 @@ def check_weights(problem: TPProblem, w, *, rows: int, rows_name: str, dtype, de
             raise ValueError(f"weight must have shape ({problem.weight_numel},) (shared weights), got {tuple(w.shape)}")
     elif w.dim() != 2 or w.shape[1] != problem.weight_numel or w.shape[0] != rows:
         raise ValueError(f"weight must have shape ({rows_name}={rows}, {problem.weight_numel}), got {tuple(w.shape)}")
-    if w.dtype != dtype:
-        raise TypeError(f"weight is {w.dtype} but x is {dtype}: all inputs must share one dtype")
-    if w.device != device:
-        raise ValueError(f"weight is on {w.device} but x is on {device}: all inputs must be on one device")
+    check_like_x("weight", w, dtype, device)
 
 
 def check_flag(name: str, value) -> bool:

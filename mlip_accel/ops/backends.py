@@ -2,12 +2,14 @@
 
 A backend is a module with ``tp_forward(problem, x, y, w)``,
 ``tp_backward(problem, x, y, w, grad_z, need)``, ``conv_forward(problem, x, y, w, edge_dst, edge_src,
-graph)`` and ``conv_backward(problem, x, y, w, grad_z, edge_dst, edge_src, graph, need)``; ``graph`` is an
-:class:`~mlip_accel.graph.EdgeGraph` (deterministic) or None (atomic), ``need`` says which of the three
-gradients (x, y, w) to compute; the ones not needed are returned as None.
+perm)`` and ``conv_backward(problem, x, y, w, grad_z, edge_dst, edge_src, transpose_perm, need)``; ``perm``
+and ``transpose_perm`` are an :class:`~mlip_accel.graph.EdgeGraph`'s edge orders (deterministic: the edges
+are summed in that order) or None (atomic), ``need`` says which of the three gradients (x, y, w) to compute;
+the ones not needed are returned as None.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 
@@ -118,3 +120,13 @@ def get(name: str, problem=None):
         return backend
     from .. import reference
     return reference
+
+
+def reusing_layouts(name: str):
+    """A context in which backend ``name`` prepares each input for its kernels once, however many kernel calls
+    read it: the double backward calls forward and backward several times on the same x and grad_z, which the
+    CUDA backend permutes into its kernels' node-row layout (runtime.layout). Nothing to do for the reference."""
+    if name == "cuda":
+        from ..runtime.layout import once_per_tensor
+        return once_per_tensor()
+    return contextlib.nullcontext()

@@ -17,7 +17,6 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from ..graph import EdgeGraph
 from ..problem import get_problem
 from . import backends
 
@@ -97,8 +96,9 @@ def tp_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, problem: str,
 def tp_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: Optional[Tensor],
                        ggy: Optional[Tensor], ggw: Optional[Tensor], problem: str,
                        backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    return _double_backward(*_tp_kernels(problem, backend), x, y, w, grad_z, ggx, ggy, ggw,
-                            *_tp_kernels(problem, backend, weighted_only=True))
+    with backends.reusing_layouts(backend):
+        return _double_backward(*_tp_kernels(problem, backend), x, y, w, grad_z, ggx, ggy, ggw,
+                                *_tp_kernels(problem, backend, weighted_only=True))
 
 
 @tp_forward.register_fake
@@ -142,81 +142,80 @@ tp_backward.register_autograd(_tp_backward_bwd, setup_context=_saver(4))
 
 
 # --- fused convolution ----------------------------------------------------------------------------
-# Graph tensors (perm, rowptr, transpose_perm, transpose_rowptr) are all given (deterministic) or all
-# None (atomic: no sort needed).
+# The op carries what the kernels read: the edges, and the two edge orders of an EdgeGraph (``perm`` by
+# receiver for the forward, ``transpose_perm`` by sender for grad x), both given (deterministic) or both None
+# (atomic: no sort). The forward reads perm only; it carries transpose_perm for its backward.
 
-def _graph(x, edge_dst, perm, rowptr, tperm, trowptr) -> Optional[EdgeGraph]:
-    if perm is None:
-        return None
-    return EdgeGraph(num_nodes=x.shape[0], num_edges=edge_dst.shape[0], perm=perm, rowptr=rowptr,
-                     transpose_perm=tperm, transpose_rowptr=trowptr)
-
-
-def _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem: str, backend: str,
+def _conv_kernels(edge_dst, edge_src, perm, transpose_perm, problem: str, backend: str,
                   weighted_only: bool = False):
+    if (perm is None) != (transpose_perm is None):
+        raise ValueError("perm and transpose_perm are given together (deterministic: both orders of "
+                         "mlip_accel.sort_edges) or both None (atomic)")
     p = get_problem(problem)
     be = backends.get(backend, p)
     if weighted_only and (p := p.weighted_part) is None:
         return None, None
-    g = _graph(x, edge_dst, perm, rowptr, tperm, trowptr)
-    fwd = lambda a, b, c: be.conv_forward(p, *_contig(a, b, c), edge_dst, edge_src, g)  # noqa: E731
+    fwd = lambda a, b, c: be.conv_forward(p, *_contig(a, b, c), edge_dst, edge_src, perm)  # noqa: E731
     bwd = lambda a, b, c, gz, need: be.conv_backward(  # noqa: E731
-        p, *_contig(a, b, c, gz), edge_dst, edge_src, g, need)
+        p, *_contig(a, b, c, gz), edge_dst, edge_src, transpose_perm, need)
     return fwd, bwd
 
 
 @torch.library.custom_op(f"{NS}::conv_forward", mutates_args=())
-def conv_forward(x: Tensor, y: Tensor, w: Tensor, edge_dst: Tensor, edge_src: Tensor,
-                 perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
-                 trowptr: Optional[Tensor], problem: str, backend: str) -> Tensor:
-    return _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)[0](x, y, w)
+def conv_forward(x: Tensor, y: Tensor, w: Tensor, edge_dst: Tensor, edge_src: Tensor, perm: Optional[Tensor],
+                 transpose_perm: Optional[Tensor], problem: str, backend: str) -> Tensor:
+    return _conv_kernels(edge_dst, edge_src, perm, transpose_perm, problem, backend)[0](x, y, w)
 
 
 @torch.library.custom_op(f"{NS}::conv_backward", mutates_args=())
 def conv_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, edge_dst: Tensor, edge_src: Tensor,
-                  perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
-                  trowptr: Optional[Tensor], problem: str, backend: str) -> tuple[Tensor, Tensor, Tensor]:
-    bwd = _conv_kernels(x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)[1]
+                  perm: Optional[Tensor], transpose_perm: Optional[Tensor], problem: str,
+                  backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    bwd = _conv_kernels(edge_dst, edge_src, perm, transpose_perm, problem, backend)[1]
     return tuple(bwd(x, y, w, grad_z, (True, True, True)))
 
 
 @torch.library.custom_op(f"{NS}::conv_double_backward", mutates_args=())
 def conv_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: Optional[Tensor],
                          ggy: Optional[Tensor], ggw: Optional[Tensor], edge_dst: Tensor, edge_src: Tensor,
-                         perm: Optional[Tensor], rowptr: Optional[Tensor], tperm: Optional[Tensor],
-                         trowptr: Optional[Tensor], problem: str,
+                         perm: Optional[Tensor], transpose_perm: Optional[Tensor], problem: str,
                          backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    args = (x, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend)
-    return _double_backward(*_conv_kernels(*args), x, y, w, grad_z, ggx, ggy, ggw,
-                            *_conv_kernels(*args, weighted_only=True))
+    args = (edge_dst, edge_src, perm, transpose_perm, problem, backend)
+    with backends.reusing_layouts(backend):
+        return _double_backward(*_conv_kernels(*args), x, y, w, grad_z, ggx, ggy, ggw,
+                                *_conv_kernels(*args, weighted_only=True))
 
 
 @conv_forward.register_fake
-def _(x, y, w, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+def _(x, y, w, edge_dst, edge_src, perm, transpose_perm, problem, backend):
     return x.new_empty(x.shape[0], get_problem(problem).dim_out)
 
 
 @conv_backward.register_fake
-def _(x, y, w, grad_z, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+def _(x, y, w, grad_z, edge_dst, edge_src, perm, transpose_perm, problem, backend):
     return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w)
 
 
 @conv_double_backward.register_fake
-def _(x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, rowptr, tperm, trowptr, problem, backend):
+def _(x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, transpose_perm, problem, backend):
     return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w), torch.empty_like(grad_z)
+
+
+_CONV_GRAPH = 4  # edge_dst, edge_src, perm, transpose_perm: no gradient
+_CONV_NO_GRAD = (None,) * (_CONV_GRAPH + 2)  # ... and the (problem, backend) strings
 
 
 def _conv_forward_bwd(ctx, grad_z):
     x, y, w = ctx.saved_tensors
     gx, gy, gw = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args)
-    return gx, gy, gw, *([None] * 8)
+    return gx, gy, gw, *_CONV_NO_GRAD
 
 
 def _conv_backward_bwd(ctx, ggx, ggy, ggw):
     x, y, w, grad_z = ctx.saved_tensors
     out = conv_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.graph, *ctx.args)
-    return (*out, *([None] * 8))
+    return (*out, *_CONV_NO_GRAD)
 
 
-conv_forward.register_autograd(_conv_forward_bwd, setup_context=_saver(3, num_graph=6))
-conv_backward.register_autograd(_conv_backward_bwd, setup_context=_saver(4, num_graph=6))
+conv_forward.register_autograd(_conv_forward_bwd, setup_context=_saver(3, num_graph=_CONV_GRAPH))
+conv_backward.register_autograd(_conv_backward_bwd, setup_context=_saver(4, num_graph=_CONV_GRAPH))

@@ -147,13 +147,15 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
     return gx, gy, gw
 
 
-def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) -> torch.Tensor:
-    """sum over edges e of tp(x[src[e]], y[e], w[e]) into row dst[e]; ``graph`` only fixes the order."""
+def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, perm=None) -> torch.Tensor:
+    """sum over edges e of tp(x[src[e]], y[e], w[e]) into row dst[e]; ``perm`` (the kernels' summation order)
+    is not needed here."""
     messages = tp_forward(problem, x.index_select(0, edge_src), y, w)
     return x.new_zeros(x.shape[0], problem.dim_out).index_add_(0, edge_dst, messages)
 
 
-def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, graph=None, need=(True, True, True)):
+def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, transpose_perm=None,
+                  need=(True, True, True)):
     gx_edges, gy, gw = tp_backward(problem, x.index_select(0, edge_src), y, w,
                                    grad_z.index_select(0, edge_dst), need)
     gx = torch.zeros_like(x).index_add_(0, edge_src, gx_edges) if need[0] else None

@@ -1,10 +1,11 @@
 """The CUDA backend: the reference backend's four functions, computed by generated kernels.
 
 ``tp_forward``, ``tp_backward``, ``conv_forward`` and ``conv_backward`` take and return what
-``mlip_accel.reference`` does. ``graph`` (an :class:`~mlip_accel.graph.EdgeGraph`) selects the
-deterministic convolution (CSR walk + fixup; grad x walks the transpose permutation), ``graph=None`` the
-atomic one. Which problems run here is decided before, by ``ops.backends.resolve`` (problems the kernels do
-not implement are refused there for backend="cuda", sent to the reference for "auto"). Importing this module
+``mlip_accel.reference`` does. An edge order (an :class:`~mlip_accel.graph.EdgeGraph`'s ``perm`` for the
+forward, ``transpose_perm`` for the backward, where grad x accumulates by sender) selects the deterministic
+convolution (walk in that order + fixup), None the atomic one. Which problems run here is decided before, by
+``ops.backends.resolve`` (problems the kernels do not implement are refused there for backend="cuda", sent to
+the reference for "auto"). Importing this module
 imports neither CuPy nor a GPU.
 
 The pieces, one job each: ``tuning`` (budgets, edges per warp, test overrides), ``kernels`` (generated
@@ -21,23 +22,18 @@ from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .layout import to_layout
 from .tuning import accumulator_budget, budget_for, edges_per_warp  # noqa: F401  (public test overrides)
-from .validation import DTYPES, check_conv, check_one_device, check_tp, graph_tensors
-from .walk import walk, written
+from .validation import DTYPES, check_conv, check_one_device, check_tp
+from .launch_plan import written
+from .walk import walk
 
 
 def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _accumulated(gm, shape, x) -> torch.Tensor:
-    """The walk's accumulated rows: zero-filled where the plan says (rows without edges, atomic adds)."""
-    if "acc_out" in gm.walk_plan.zero_outputs:
-        return torch.zeros(shape, dtype=x.dtype, device=x.device)
-    return written(shape, x)
-
-
-def _backward_outputs(gm, problem: TPProblem, x, need, rows_x: int, rows_edge: int):
-    gx = _accumulated(gm, (rows_x, problem.dim_in1), x) if need[0] else None
+def _backward_outputs(problem: TPProblem, x, need, rows_x: int, rows_edge: int):
+    # the launch zero-fills the outputs the plan accumulates into (runtime.launch_plan)
+    gx = written((rows_x, problem.dim_in1), x) if need[0] else None
     gy = written((rows_edge, problem.dim_in2), x) if need[1] else None
     gw = written((rows_edge, problem.weight_numel), x) if need[2] else None
     return gx, gy, gw
@@ -62,7 +58,7 @@ def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Te
         return x.new_zeros(0, problem.dim_out)
     with _device_guard(x.device):
         gm = module_for(problem, DTYPES[x.dtype], "forward", "tp")
-        out = _accumulated(gm, (rows, problem.dim_out), x)
+        out = written((rows, problem.dim_out), x)
         walk(gm, {**_gathered(gm, problem, x), "y": y, "w": w, "acc_out": out, "num_edges": rows}, rows)
     return out
 
@@ -76,40 +72,42 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
         return _zeros_like_need(x, y, w, need)
     with _device_guard(x.device):
         gm = module_for(problem, DTYPES[x.dtype], "backward", "tp", need)
-        gx, gy, gw = _backward_outputs(gm, problem, x, need, rows, rows)
+        gx, gy, gw = _backward_outputs(problem, x, need, rows, rows)
         walk(gm, {**_gathered(gm, problem, x, grad_z), "y": y, "w": w, "acc_out": gx, "gy_out": gy, "gw_out": gw,
                   "num_edges": rows}, rows)
     return gx, gy, gw
 
 
-def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, graph=None) -> torch.Tensor:
-    check_one_device(x=x, y=y, w=w, edge_dst=edge_dst, edge_src=edge_src, **graph_tensors(graph))
-    check_conv(problem, x, y, w, edge_dst, edge_src, graph)
+def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, perm=None) -> torch.Tensor:
+    check_one_device(x=x, y=y, w=w, edge_dst=edge_dst, edge_src=edge_src, perm=perm)
+    check_conv(problem, x, y, w, edge_dst, edge_src, ("perm", perm))
     num_nodes, num_edges = x.shape[0], y.shape[0]
+    if num_edges == 0:
+        return x.new_zeros(num_nodes, problem.dim_out)
     with _device_guard(x.device):
-        variant = "atomic" if graph is None else "det"
+        variant = "atomic" if perm is None else "det"
         gm = module_for(problem, DTYPES[x.dtype], "forward", variant)
-        out = _accumulated(gm, (num_nodes, problem.dim_out), x)
-        if num_edges == 0:
-            return out
-        walk(gm, {**_gathered(gm, problem, x), "y": y, "w": w, "order": None if graph is None else graph.perm,
+        out = written((num_nodes, problem.dim_out), x)
+        walk(gm, {**_gathered(gm, problem, x), "y": y, "w": w, "order": perm,
                   "keys": edge_dst, "others": edge_src, "acc_out": out, "num_edges": num_edges}, num_nodes)
     return out
 
 
-def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, graph=None, need=(True, True, True)):
+def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, transpose_perm=None,
+                  need=(True, True, True)):
     need = tuple(bool(n) for n in need)
-    check_one_device(x=x, y=y, w=w, grad_z=grad_z, edge_dst=edge_dst, edge_src=edge_src, **graph_tensors(graph))
-    check_conv(problem, x, y, w, edge_dst, edge_src, graph, grad_z)
+    check_one_device(x=x, y=y, w=w, grad_z=grad_z, edge_dst=edge_dst, edge_src=edge_src,
+                     transpose_perm=transpose_perm)
+    check_conv(problem, x, y, w, edge_dst, edge_src, ("transpose_perm", transpose_perm), grad_z)
     num_nodes, num_edges = x.shape[0], y.shape[0]
     if num_edges == 0 or not any(need):
         return _zeros_like_need(x, y, w, need)
     with _device_guard(x.device):
-        variant = "atomic" if graph is None else "det"
+        variant = "atomic" if transpose_perm is None else "det"
         gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need)
-        gx, gy, gw = _backward_outputs(gm, problem, x, need, num_nodes, num_edges)
+        gx, gy, gw = _backward_outputs(problem, x, need, num_nodes, num_edges)
         # grad x accumulates by sender: the deterministic walk follows the transpose permutation.
         walk(gm, {**_gathered(gm, problem, x, grad_z), "y": y, "w": w,
-                  "order": None if graph is None else graph.transpose_perm, "keys": edge_src, "others": edge_dst,
+                  "order": transpose_perm, "keys": edge_src, "others": edge_dst,
                   "acc_out": gx, "gy_out": gy, "gw_out": gw, "num_edges": num_edges}, num_nodes)
     return gx, gy, gw

@@ -9,47 +9,31 @@ caller through PyTorch, so no CuPy memory pool ever grows beside PyTorch's cachi
 use the CUDA driver API (through CuPy's binding) directly, which works the same with cupy-cuda12x and
 cupy-cuda13x.
 
-An executor has one method, ``launch(module, kernel, grid, block, args, device)``; tests install a CPU
-emulator of the same interface (``use_executor``) to run the generated kernels without a GPU.
+An executor has one method, ``launch(program, plan, grid, block, args, device)``: ``program`` holds the
+generated source and the plans of its kernels (``.source``, ``.plans``), ``args`` the plan's arguments as
+runtime.launch_plan.kernel_arguments gives them (device addresses, 0 for null, scalar ints); the plan's C
+types say how each is passed. Every kernel family launches through it; tests install a CPU emulator of the
+same interface (``use_executor``) to run the generated kernels without a GPU.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import threading
 
 import torch
 
-from ..codegen import GeneratedModule
 from . import compiler
 
 
-@dataclasses.dataclass(frozen=True)
-class I64:
-    value: int
+_SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int}
 
 
-@dataclasses.dataclass(frozen=True)
-class I32:
-    value: int
-
-
-def _c_args(args):
-    values = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            values.append(ctypes.c_void_p(a.data_ptr()))
-        elif a is None:
-            values.append(ctypes.c_void_p(0))
-        elif isinstance(a, I64):
-            values.append(ctypes.c_longlong(a.value))
-        elif isinstance(a, I32):
-            values.append(ctypes.c_int(a.value))
-        else:
-            raise TypeError(f"unsupported kernel argument {a!r}")
-    array = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    return values, array
+def _c_params(plan, args):
+    """The driver's kernel parameters: a ctypes array of pointers to each argument, typed as the plan says
+    (returned with the values it points to, which must outlive the launch call)."""
+    values = [ctypes.c_void_p(v) if a.is_pointer else _SCALARS[a.ctype](v) for a, v in zip(plan.arguments, args)]
+    return values, (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
 
 
 def _driver_api():
@@ -135,32 +119,33 @@ class CudaExecutor:
 
     def __init__(self):
         self._functions: dict[tuple, int] = {}
-        self._modules: list[tuple[GeneratedModule, int]] = []  # keeps modules (and their ids) alive
+        self._programs: list[tuple[object, int]] = []  # keeps programs (and their ids) alive
         self._lock = threading.Lock()
 
-    def function(self, module: GeneratedModule, kernel: str, device: torch.device) -> int:
+    def function(self, program, kernel: str, device: torch.device) -> int:
+        """The loaded function ``kernel`` of ``program`` (every kernel of its plans loaded at once)."""
         index = device_index(device)
-        key = (index, id(module), kernel)
+        key = (index, id(program), kernel)
         func = self._functions.get(key)
         if func is None:
             with self._lock:
                 func = self._functions.get(key)
                 if func is None:
-                    names = [k for k in (module.walk_kernel, module.fixup_kernel) if k is not None]
-                    loaded = load_functions(module.source, names, index, name=f"{module.walk_kernel}.cu")
-                    self._modules.append((module, index))
+                    names = [plan.kernel for plan in program.plans]
+                    loaded = load_functions(program.source, names, index, name=f"{names[0]}.cu")
+                    self._programs.append((program, index))
                     for k, f in loaded.items():
-                        self._functions[(index, id(module), k)] = f
+                        self._functions[(index, id(program), k)] = f
                     func = self._functions[key]
         return func
 
     def loaded_devices(self) -> set[int]:
         """Indices of the devices this executor has loaded modules on (tests, diagnostics)."""
-        return {index for _, index in self._modules}
+        return {index for _, index in self._programs}
 
-    def launch(self, module: GeneratedModule, kernel: str, grid, block, args, device: torch.device) -> None:
-        func = self.function(module, kernel, device)
-        _keep, params = _c_args(args)
+    def launch(self, program, plan, grid, block, args, device: torch.device) -> None:
+        func = self.function(program, plan.kernel, device)
+        _keep, params = _c_params(plan, args)
         launch_function(func, grid, block, params, device_index(device))
 
 

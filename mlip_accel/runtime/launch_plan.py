@@ -1,121 +1,63 @@
-"""Execute a :class:`~mlip_accel.codegen.launch_plan.LaunchPlan`: arguments by name, checked against the plan,
-outputs zeroed where the plan says, the grid from the plan's rule, then one launch through the executor.
+"""The one launch path of every kernel family: a :class:`~mlip_accel.codegen.launch_plan.LaunchPlan` and named
+values -> :func:`kernel_arguments` (the one marshalling helper) -> outputs zeroed where the plan says -> grid
+from the plan's rule -> ``executor.launch(program, plan, grid, block, args, device)``.
 
-The CUDA executor (:class:`PlanCudaExecutor`) compiles through ``runtime.compiler`` (NVRTC, disk cache) and
-loads the plan's kernel by name; tests install a CPU emulator with the same ``launch_plan`` method
-(:func:`use_plan_executor`). Nothing here knows any kernel's signature: the plan is the contract.
+``program`` is what codegen made: source text plus the plans of the kernels it defines (``.source``,
+``.plans``: a tensor-product ``GeneratedModule``, a symmetric-contraction ``GeneratedKernel``). The executor
+(runtime.executor: CuPy on a GPU; tests install the CPU emulator) turns the argument words into its calling
+convention by the plan's C types. Nothing here knows a kernel's signature: the plan is the contract. Inputs
+are validated once, at the family's entry point (runtime.validation), not per launch.
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import threading
-
 import torch
 
-from ..codegen.launch_plan import GeneratedKernel, LaunchPlan
-from .executor import device_index, launch_function, load_functions
+from ..codegen.launch_plan import LaunchPlan
+from . import debug
+from .executor import executor_for
 
-_TORCH_CTYPES = {torch.float32: "float", torch.float64: "double", torch.int64: "long long"}
+
+def written(shape, like: torch.Tensor) -> torch.Tensor:
+    """A buffer every element of which the kernels write (NaN-poisoned in debug mode to prove it)."""
+    if debug.poison_enabled():
+        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-def ordered_arguments(plan: LaunchPlan, values: dict) -> list:
-    """The plan's arguments in order: tensors checked (dtype, contiguity, device), scalars as ints."""
-    missing = [a.name for a in plan.arguments if a.name not in values]
-    extra = sorted(set(values) - {a.name for a in plan.arguments})
-    if missing or extra:
-        raise ValueError(f"{plan.kernel}: missing arguments {missing}, unknown {extra}")
-    device = None
-    out = []
+def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
+    """``values`` (by argument name) as the plan's argument list, in order: a tensor as its device address, an
+    optional pointer left out or None as 0 (a null pointer), a scalar as an int. A name the plan does not have,
+    or a required argument left out, is a ValueError naming them."""
+    args, found = [], 0
     for a in plan.arguments:
-        v = values[a.name]
-        if a.role == "scalar":
-            out.append(int(v))
-            continue
-        if not isinstance(v, torch.Tensor):
+        v = values.get(a.name)
+        if a.name in values:
+            found += 1
+        if v is None:
+            if a.role == "scalar" or not a.optional:
+                missing = [b.name for b in plan.arguments
+                           if values.get(b.name) is None and (b.role == "scalar" or not b.optional)]
+                raise ValueError(f"{plan.kernel}: missing arguments {missing}")
+            args.append(0)
+        elif a.role == "scalar":
+            args.append(int(v))
+        elif isinstance(v, torch.Tensor):
+            args.append(v.data_ptr())
+        else:
             raise TypeError(f"{plan.kernel}: argument {a.name} must be a tensor, got {type(v).__name__}")
-        base = a.ctype.replace("const ", "").rstrip("*").strip()
-        if _TORCH_CTYPES.get(v.dtype) != base:
-            raise TypeError(f"{plan.kernel}: argument {a.name} must hold {base}, got {v.dtype}")
-        if not v.is_contiguous():
-            raise ValueError(f"{plan.kernel}: argument {a.name} must be contiguous ({a.layout})")
-        if device is not None and v.device != device:
-            raise ValueError(f"{plan.kernel}: argument {a.name} is on {v.device}, others on {device}")
-        device = v.device
-        out.append(v)
-    return out
+    if found != len(values):
+        unknown = sorted(set(values) - {a.name for a in plan.arguments})
+        raise ValueError(f"{plan.kernel}: unknown arguments {unknown}")
+    return args
 
 
-def launch(kernel: GeneratedKernel, values: dict) -> None:
-    plan = kernel.plan
-    args = ordered_arguments(plan, values)
+def launch(program, plan: LaunchPlan, values: dict, device: torch.device) -> None:
+    """One launch of ``plan``'s kernel (defined in ``program.source``) with the named ``values`` on ``device``;
+    nothing is launched for zero work items (the zeroed outputs are zeroed all the same)."""
+    args = kernel_arguments(plan, values)
     for name in plan.zero_outputs:
         values[name].zero_()
-    items = int(values[plan.grid.items])
-    if items == 0:
+    if int(values[plan.grid.items]) == 0:
         return
-    grid, block = plan.grid.grid(items)
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
-    executor_for(device).launch_plan(kernel, grid, block, args, device)
-
-
-class PlanCudaExecutor:
-    """Compiles (cached on disk by runtime.compiler), loads once per device and source, launches on the
-    device's current torch stream: through runtime.executor's load/launch helpers, which leave the caller's
-    current device as it was and refuse a foreign context (the convolution launches through them too)."""
-
-    def __init__(self):
-        self._functions: dict[tuple, int] = {}
-        self._lock = threading.Lock()
-
-    def _function(self, kernel: GeneratedKernel, index: int) -> int:
-        key = (index, kernel.source, kernel.plan.kernel)
-        func = self._functions.get(key)
-        if func is None:
-            with self._lock:
-                func = self._functions.get(key)
-                if func is None:
-                    name = kernel.plan.kernel
-                    func = load_functions(kernel.source, [name], index, name=f"{name}.cu")[name]
-                    self._functions[key] = func
-        return func
-
-    def launch_plan(self, kernel: GeneratedKernel, grid, block, args, device: torch.device) -> None:
-        index = device_index(device)
-        func = self._function(kernel, index)
-        holders = []
-        for a, spec in zip(args, kernel.plan.arguments):
-            if isinstance(a, torch.Tensor):
-                holders.append(ctypes.c_void_p(a.data_ptr()))
-            elif spec.ctype == "int":
-                holders.append(ctypes.c_int(a))
-            else:
-                holders.append(ctypes.c_longlong(a))
-        params = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
-        launch_function(func, grid, block, params, index)
-
-
-_CUDA: PlanCudaExecutor | None = None
-_OVERRIDE = None
-
-
-def executor_for(device: torch.device):
-    global _CUDA
-    if _OVERRIDE is not None and _OVERRIDE.accepts(device):
-        return _OVERRIDE
-    if device.type != "cuda":
-        raise ValueError(f"generated kernels need CUDA tensors, got tensors on {device}")
-    if _CUDA is None:
-        _CUDA = PlanCudaExecutor()
-    return _CUDA
-
-
-@contextlib.contextmanager
-def use_plan_executor(executor):
-    """Run plan launches through ``executor`` for the devices it accepts (tests: the CPU emulator)."""
-    global _OVERRIDE
-    old, _OVERRIDE = _OVERRIDE, executor
-    try:
-        yield executor
-    finally:
-        _OVERRIDE = old
+    grid, block = plan.grid.grid_for(values)
+    executor_for(device).launch(program, plan, grid, block, args, device)

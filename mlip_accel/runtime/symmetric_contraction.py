@@ -8,8 +8,8 @@ import torch
 from ..codegen.launch_plan import GeneratedKernel
 from ..codegen.symmetric_contraction import SymconSpec, generate_symmetric_contraction
 from ..problem.symmetric_contraction import SymmetricContractionProblem
-from . import debug
-from .launch_plan import launch
+from .launch_plan import launch, written
+from .validation import check_symcon
 
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 _KERNELS: dict[tuple[str, str, str], GeneratedKernel] = {}
@@ -25,16 +25,17 @@ def kernel_for(problem: SymmetricContractionProblem, dtype: torch.dtype, directi
     return hit
 
 
-def _empty(*shape, like: torch.Tensor) -> torch.Tensor:
-    t = torch.empty(*shape, dtype=like.dtype, device=like.device)
-    return t.fill_(float("nan")) if debug.poison_enabled() else t
+def _launch(kernel: GeneratedKernel, values: dict) -> None:
+    launch(kernel, kernel.plan, values, values["x"].device)
 
 
 def forward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: torch.Tensor,
             weights: torch.Tensor) -> torch.Tensor:
-    out = _empty(x.shape[0], problem.dim_out, like=x)
-    launch(kernel_for(problem, x.dtype, "forward"),
-           dict(x=x, elements=elements.long(), weights=weights, out=out, nodes=x.shape[0]))
+    elements = elements.long()
+    check_symcon(x, elements, weights=weights)
+    out = written((x.shape[0], problem.dim_out), x)
+    _launch(kernel_for(problem, x.dtype, "forward"),
+            dict(x=x, elements=elements, weights=weights, out=out, nodes=x.shape[0]))
     return out
 
 
@@ -43,13 +44,14 @@ def backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: to
     """(grad_x, grad_weights or None): the kernel writes grad x and, if needed, each node's weight gradient,
     summed per element here (index_add over the node's element)."""
     elements = elements.long()
-    grad_x = _empty(*x.shape, like=x)
+    check_symcon(x, elements, weights=weights, grad_out=grad_out)
+    grad_x = written(x.shape, x)
     values = dict(x=x, elements=elements, weights=weights, grad_out=grad_out, grad_x=grad_x, nodes=x.shape[0])
     if not need_weights:
-        launch(kernel_for(problem, x.dtype, "backward"), values)
+        _launch(kernel_for(problem, x.dtype, "backward"), values)
         return grad_x, None
-    grad_wn = _empty(x.shape[0], problem.num_params, problem.channels, like=x)
-    launch(kernel_for(problem, x.dtype, "backward_w"), dict(values, grad_wn=grad_wn))
+    grad_wn = written((x.shape[0], problem.num_params, problem.channels), x)
+    _launch(kernel_for(problem, x.dtype, "backward_w"), dict(values, grad_wn=grad_wn))
     return grad_x, torch.zeros_like(weights).index_add_(0, elements, grad_wn)
 
 
@@ -61,9 +63,10 @@ def double_backward(problem: SymmetricContractionProblem, x: torch.Tensor, eleme
     elements = elements.long()
     ggx = torch.zeros_like(x) if ggx is None else ggx.contiguous()
     ggw = torch.zeros_like(weights) if ggw is None else ggw.contiguous()
-    dx, dgz = _empty(*x.shape, like=x), _empty(*grad_out.shape, like=x)
-    dwn = _empty(x.shape[0], problem.num_params, problem.channels, like=x)
-    launch(kernel_for(problem, x.dtype, "double_backward"),
-           dict(x=x, elements=elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw, dx=dx, dgz=dgz,
-                dwn=dwn, nodes=x.shape[0]))
+    check_symcon(x, elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw)
+    dx, dgz = written(x.shape, x), written(grad_out.shape, x)
+    dwn = written((x.shape[0], problem.num_params, problem.channels), x)
+    _launch(kernel_for(problem, x.dtype, "double_backward"),
+            dict(x=x, elements=elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw, dx=dx, dgz=dgz,
+                 dwn=dwn, nodes=x.shape[0]))
     return dx, torch.zeros_like(weights).index_add_(0, elements, dwn), dgz

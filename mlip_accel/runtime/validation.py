@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from ..graph import EdgeGraph
 from ..problem import TPProblem
 from .executor import accepts_device
 
@@ -22,12 +21,6 @@ def check_one_device(**tensors) -> None:
     if len(devices) > 1:
         where = "; ".join(f"{', '.join(names)} on {device}" for device, names in devices.items())
         raise ValueError(f"the inputs of one call must be on one device, got {where}")
-
-
-def graph_tensors(graph) -> dict:
-    if not isinstance(graph, EdgeGraph):
-        return {}
-    return {f"graph.{f}": getattr(graph, f) for f in ("perm", "rowptr", "transpose_perm", "transpose_rowptr")}
 
 
 def _check_float(name: str, t, rows: int | None, width: int, like: torch.Tensor | None = None) -> None:
@@ -71,7 +64,8 @@ def check_tp(problem: TPProblem, x, y, w, grad_z=None) -> None:
         _check_float("grad_z", grad_z, rows, problem.dim_out, x)
 
 
-def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, graph, grad_z=None) -> None:
+def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, order: tuple[str, object], grad_z=None) -> None:
+    """``order``: (name, the edge order the deterministic walk follows, or None for the atomic one)."""
     _check_float("x", x, None, problem.dim_in1)
     _check_float("y", y, None, problem.dim_in2, x)
     num_edges = y.shape[0]
@@ -80,8 +74,22 @@ def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, graph, grad_z=No
         _check_float("grad_z", grad_z, x.shape[0], problem.dim_out, x)
     _check_index("edge_dst", edge_dst, num_edges, x)
     _check_index("edge_src", edge_src, num_edges, x)
-    if graph is not None:
-        if not isinstance(graph, EdgeGraph):
-            raise TypeError(f"graph must be an EdgeGraph (mlip_accel.sort_edges) or None, got {type(graph).__name__}")
-        _check_index("graph.perm", graph.perm, num_edges, x)
-        _check_index("graph.transpose_perm", graph.transpose_perm, num_edges, x)
+    if order[1] is not None:
+        _check_index(*order, num_edges, x)
+
+
+def check_symcon(x, elements, **floats) -> None:
+    """The tensors of one symmetric-contraction call (None skipped): ``floats`` of x's dtype (float32 or
+    float64), ``elements`` int64; all contiguous and on x's device. Made once per call, before any launch."""
+    if x.dtype not in DTYPES:
+        raise TypeError(f"x has dtype {x.dtype}; the symmetric-contraction kernels take float32 or float64")
+    for name, t in (("x", x), ("elements", elements), *floats.items()):
+        if t is None:
+            continue
+        want = torch.int64 if name == "elements" else x.dtype
+        if t.dtype != want:
+            raise TypeError(f"{name} must hold {want}, got {t.dtype}")
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all inputs must be on one device")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")

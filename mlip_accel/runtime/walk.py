@@ -1,41 +1,14 @@
 """Launch a generated module of the tensor-product family by its launch plans: the walk, then the fixup of
-the deterministic variant, then the sum of per-phase grad-y partials. Arguments go by name; the plan gives
-their order, types, which may be null, which outputs start at zero, the grid; nothing here restates a
-kernel signature."""
+the deterministic variant, then the sum of per-phase grad-y partials. Arguments go by name through the one
+launch path (runtime.launch_plan); the plans give their order, types, which may be null, which outputs start
+at zero, the grid; nothing here restates a kernel signature."""
 from __future__ import annotations
 
 import torch
 
 from ..codegen import GeneratedModule
-from ..codegen.launch_plan import LaunchPlan
-from . import debug
-from .executor import I32, I64, executor_for
+from .launch_plan import launch, written
 from .tuning import edges_per_warp_for
-
-_SCALARS = {"long long": I64, "int": I32}
-
-
-def written(shape, like: torch.Tensor) -> torch.Tensor:
-    """A buffer every element of which the kernels write (NaN-poisoned in debug mode to prove it)."""
-    if debug.poison_enabled():
-        return torch.full(shape, float("nan"), dtype=like.dtype, device=like.device)
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
-
-
-def launch(gm: GeneratedModule, plan: LaunchPlan, values: dict, device: torch.device) -> None:
-    """One launch of ``plan``'s kernel (of ``gm``'s source) with the named ``values``; a pointer the plan
-    marks optional may be None (a null pointer)."""
-    args = []
-    for a in plan.arguments:
-        v = values.get(a.name)
-        if a.role == "scalar":
-            args.append(_SCALARS[a.ctype](int(v)))
-        elif v is None and not a.optional:
-            raise ValueError(f"{plan.kernel}: argument {a.name} ({a.layout}) is required")
-        else:
-            args.append(v)
-    grid, block = plan.grid.grid_for(values)
-    executor_for(device).launch(gm, plan.kernel, grid, block, args, device)
 
 
 def walk(gm: GeneratedModule, values: dict, num_rows: int) -> None:
