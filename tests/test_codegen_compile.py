@@ -1,8 +1,10 @@
 """CI compile check (CPU only): every kernel family x dtype x problem of problems.json compiles with NVRTC
-for sm_80 and sm_90. NVRTC runs without a GPU; the disk cache is bypassed (each case really compiles)."""
+for sm_80 and sm_90, the fused double backward's walks with every incoming gradient given and, on one problem,
+with each subset of them. NVRTC runs without a GPU; the disk cache is bypassed (each case really compiles)."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import os
 
@@ -15,7 +17,11 @@ from mlip_accel.runtime.backend import budget_for
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
 
 FAMILIES = [("forward", "tp"), ("backward", "tp"), ("forward", "det"), ("backward", "det"),
-            ("forward", "atomic"), ("backward", "atomic")]
+            ("forward", "atomic"), ("backward", "atomic"), ("double_forward", "det"), ("double_backward", "det"),
+            ("double_forward", "atomic"), ("double_backward", "atomic")]
+# the double walks' subsets of given incoming gradients (ggx, ggy, ggw), compiled on one problem
+GIVEN = [g for g in itertools.product((True, False), repeat=3) if any(g) and not all(g)]
+GIVEN_PROBLEM = "mace-medium"
 DTYPES = ["float32", "float64"]
 ARCHS = ["sm_80", "sm_90"]
 NAMES = [p["name"] for p in bench_problem_specs()]
@@ -42,10 +48,21 @@ def compiled():
                 gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype)))
                 for arch in ARCHS:
                     jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
+            if spec["name"] != GIVEN_PROBLEM:
+                continue
+            for direction, given in itertools.product(("double_forward", "double_backward"), GIVEN):
+                gm = generate(KernelSpec(problem, dtype, direction, "det", given, budget_for(direction, dtype)))
+                for arch in ARCHS:
+                    jobs[(spec["name"], dtype, f"{direction}-{_given_id(given)}", arch)] = (gm.source, arch,
+                                                                                          gm.walk_kernel)
     workers = max(1, min(8, os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_compile, jobs.values(), chunksize=1)
         return dict(zip(jobs, results))
+
+
+def _given_id(given) -> str:
+    return "gg" + "".join(n for n, f in zip("xyw", given) if f)
 
 
 def test_problems_json_is_found():
@@ -58,6 +75,18 @@ def test_problems_json_is_found():
 @pytest.mark.parametrize("name", NAMES)
 def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
     size, error = compiled[(name, dtype, family, arch)]
+    assert error is None, error
+    assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("given", [_given_id(g) for g in GIVEN])
+@pytest.mark.parametrize("direction", ["double_forward", "double_backward"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_double_walks_with_some_incoming_gradients_compile(compiled, dtype, direction, given, arch):
+    if GIVEN_PROBLEM not in NAMES:
+        pytest.skip(f"{GIVEN_PROBLEM} is not in problems.json")
+    size, error = compiled[(GIVEN_PROBLEM, dtype, f"{direction}-{given}", arch)]
     assert error is None, error
     assert size > 0
 

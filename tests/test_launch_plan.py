@@ -12,6 +12,7 @@ import torch
 from kernel_cases import graph, inputs, random_uvu_problem, rel_err
 from mlip_accel.codegen.launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan
 from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.ops import backends
 from mlip_accel.problem import register_problem
 from mlip_accel.problem.symmetric_contraction import CorrelationTerm, OutputContraction, SymmetricContractionProblem
 from mlip_accel.runtime import backend as cuda
@@ -154,8 +155,9 @@ def _count_index_select(monkeypatch):
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_double_backward_permutes_each_node_tensor_once(recorder, monkeypatch, deterministic):
-    """x, grad_z and ggx each read by several kernel calls of the double backward: one permutation each
-    (e3nn's mul_ir columns into the conv kernels' ir_mul)."""
+    """x, grad_z and ggx each read by several kernel calls of the double backward (fused: its two walks;
+    composed: forward and backward per term of the identity): one permutation each (e3nn's mul_ir columns into
+    the conv kernels' ir_mul)."""
     problem = random_uvu_problem(3)  # 40x1o in: both x's and grad_z's columns are permuted
     key = register_problem(problem)
     x, y, w, gz = inputs(problem, 6, 20, torch.float64)
@@ -164,7 +166,14 @@ def test_double_backward_permutes_each_node_tensor_once(recorder, monkeypatch, d
     ggx, ggy, ggw = torch.randn_like(x), torch.randn_like(y), torch.randn_like(w)
     calls = _count_index_select(monkeypatch)
     torch.ops.mlip_accel.conv_double_backward(x, y, w, gz, ggx, ggy, ggw, dst, src, *orders, key, "cuda")
-    assert len(recorder.launches) >= 6  # forward and backward per term of the identity
+    walks = [k for _, k, _, _, _ in recorder.launches if not k.endswith("_fixup")]
+    assert [k.split("_")[3] for k in walks] == ["dfw", "dbw"]  # by receiver, then by sender
+    assert sorted(calls) == sorted({id(x), id(gz), id(ggx)}), "a node tensor permuted more than once"
+    calls.clear()
+    fused = len(recorder.launches)
+    with backends.composed_double_backward():
+        torch.ops.mlip_accel.conv_double_backward(x, y, w, gz, ggx, ggy, ggw, dst, src, *orders, key, "cuda")
+    assert len(recorder.launches) - fused >= 6  # forward and backward per term of the identity
     assert sorted(calls) == sorted({id(x), id(gz), id(ggx)}), "a node tensor permuted more than once"
     calls.clear()
     torch.ops.mlip_accel.conv_backward(x, y, w, gz, dst, src, *orders, key, "cuda")

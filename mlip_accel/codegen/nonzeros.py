@@ -31,20 +31,21 @@ def _sum(products: list[str]) -> str:
     return " + ".join(products) if products else "T(0)"
 
 
-def emit_a(path: Path, y_index, dtype: str) -> list[str]:
-    """Declarations ``const T a{i}_{k} = ...;`` of A for one v; ``y_index(j)`` names the y register."""
-    return [f"const T a{i}_{k} = {_sum([f'{hex_literal(c, dtype)} * {y_index(j)}' for j, c in terms])};"
+def emit_a(path: Path, y_index, dtype: str, a: str = "a") -> list[str]:
+    """Declarations ``const T a{i}_{k} = ...;`` of A for one v; ``y_index(j)`` names the y register. ``a``
+    names the matrix (the double walks also contract the incoming gradient of y: ``b``)."""
+    return [f"const T {a}{i}_{k} = {_sum([f'{hex_literal(c, dtype)} * {y_index(j)}' for j, c in terms])};"
             for (i, k), terms in contraction(path).items()]
 
 
-def x_times_a(path: Path, x_name, k: int) -> str:
+def x_times_a(path: Path, x_name, k: int, a: str = "a") -> str:
     """sum_i x[i] A[i, k] over the nonzeros of column k (``x_name(i)`` names the x operand)."""
-    return _sum([f"{x_name(i)} * a{i}_{kk}" for (i, kk) in contraction(path) if kk == k])
+    return _sum([f"{x_name(i)} * {a}{i}_{kk}" for (i, kk) in contraction(path) if kk == k])
 
 
-def a_times_g(path: Path, g_name, i: int) -> str:
+def a_times_g(path: Path, g_name, i: int, a: str = "a") -> str:
     """sum_k A[i, k] g[k] over the nonzeros of row i."""
-    return _sum([f"a{ii}_{k} * {g_name(k)}" for (ii, k) in contraction(path) if ii == i])
+    return _sum([f"{a}{ii}_{k} * {g_name(k)}" for (ii, k) in contraction(path) if ii == i])
 
 
 def support(path: Path) -> list[tuple[int, int]]:

@@ -9,6 +9,18 @@ Forward and backward are the same walk: the forward accumulates ``out`` by recei
 gathering x from ``others`` = src); the backward accumulates grad x by sender (``keys`` = src, gathering
 grad_z from ``others`` = dst) and writes grad y and grad w per edge. The batched tensor product is the
 degenerate walk where every edge is its own row.
+
+The convolution's double backward is two more walks of the same kind (ops/custom_ops.py states the identity
+they fuse). Given the incoming gradients ggx, ggy, ggw of the backward's outputs (any of them absent):
+
+    double_forward   by receiver, like the forward: grad of grad_z =
+                     fwd(ggx, y, w) + fwd(x, ggy, w) + fwd_weighted(x, y, ggw)
+    double_backward  by sender, like the backward: grad x = bwd_x(x, ggy, w) + bwd_x_weighted(x, y, ggw);
+                     per edge grad y = bwd_y(ggx, y, w) + bwd_y_weighted(x, y, ggw),
+                     grad w = bwd_w(ggx, y, w) + bwd_w(x, ggy, w)
+
+Each walk loads an edge's W, ggw, y, ggy, x[src], ggx[src] (and grad_z[dst]) once for all its terms, and
+writes each output once: no full-size temporaries, no re-reads between terms.
 """
 from __future__ import annotations
 
@@ -20,7 +32,10 @@ from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
 
-DIRECTIONS = ("forward", "backward")
+DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
+# the node rows each direction accumulates: irreps_out (by receiver) or irreps_in1 (by sender)
+SIDES = {"forward": "out", "double_forward": "out", "backward": "in1", "double_backward": "in1"}
+_SHORT = {"forward": "for", "backward": "bac", "double_forward": "dfw", "double_backward": "dbw"}
 VARIANTS = ("tp", "det", "atomic")  # batched TP, deterministic conv (CSR + fixup), atomic conv
 SCALARS = {"float32": "float", "float64": "double"}
 MAX_DIM_IN2 = 128  # y of one edge is held in registers
@@ -33,9 +48,11 @@ FAMILY = "tensor_product"
 class KernelSpec:
     problem: TPProblem
     dtype: str  # "float32" | "float64"
-    direction: str  # "forward" | "backward"
-    variant: str  # "tp" | "det" | "atomic"
-    need: tuple[bool, bool, bool] = (True, True, True)  # backward: which of grad x, y, w
+    direction: str  # "forward" | "backward" | "double_forward" | "double_backward"
+    variant: str  # "tp" | "det" | "atomic" (the double directions: "det" | "atomic")
+    # backward: which of grad x, y, w to compute; double directions: which of the incoming gradients
+    # ggx, ggy, ggw are given (an absent one is zero: its terms are left out of the code)
+    need: tuple[bool, bool, bool] = (True, True, True)
     budget: int = 64  # accumulators per lane, i.e. per phase (schedule.py)
 
     def __post_init__(self):
@@ -45,24 +62,47 @@ class KernelSpec:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.double and self.variant == "tp":
+            raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
         need = tuple(bool(n) for n in self.need)
         if self.direction == "forward":
             need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal
-        elif not any(need):
-            raise ValueError("a backward kernel must compute at least one gradient (need is all False)")
+        elif self.double and self.problem.weight_numel == 0:
+            need = (need[0], need[1], False)  # no weights: there is no ggw
+        if self.direction != "forward" and not any(need):
+            raise ValueError(f"a {self.direction} kernel needs at least one gradient (need is all False)")
         object.__setattr__(self, "need", need)
 
     @property
+    def double(self) -> bool:
+        return self.direction.startswith("double")
+
+    @property
+    def side(self) -> str:
+        """The accumulated node rows: "out" (by receiver) or "in1" (by sender)."""
+        return SIDES[self.direction]
+
+    @property
+    def writes(self) -> tuple[bool, bool, bool]:
+        """Whether the walk writes (accumulated rows, grad y per edge, grad w per edge)."""
+        if self.side == "out":
+            return True, False, False
+        if self.direction == "backward":
+            return self.need
+        ggx, ggy, ggw = self.need
+        return ggy or ggw, ggx or ggw, (ggx or ggy) and self.problem.weight_numel > 0
+
+    @property
     def accumulates(self) -> bool:
-        """Whether the walk keeps per-row accumulators (the forward always; the backward for grad x)."""
-        return self.direction == "forward" or self.need[0]
+        """Whether the walk keeps per-row accumulators (by receiver always; by sender for grad x)."""
+        return self.writes[0]
 
     @property
     def name(self) -> str:
         flags = "" if self.direction == "forward" else "_" + "".join(
             c for c, n in zip("xyw", self.need) if n)
         kind = "tp" if self.variant == "tp" else f"conv_{self.variant}"
-        return f"mla_{kind}_{self.direction[:3]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
+        return f"mla_{kind}_{_SHORT[self.direction]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,20 +169,21 @@ def _weight_index(problem: TPProblem, path, v: int, u: str) -> str:
     return f"{path.weight_offset} + ({u})" if mul2 == 1 else f"{path.weight_offset} + ({u}) * {mul2} + {v}"
 
 
-def _weight_expr(problem: TPProblem, path, v: int, u: str, ok: str | None) -> str:
+def _weight_expr(problem: TPProblem, path, v: int, u: str, ok: str | None, row: str = "we") -> str:
+    """w[u, v] of the edge's weight row ``row`` (a path without weights: its implicit one)."""
     if not path.has_weight:
         return "T(1)"
-    return _guarded(ok, f"ld_stream(we + {_weight_index(problem, path, v, u)})")
+    return _guarded(ok, f"ld_stream({row} + {_weight_index(problem, path, v, u)})")
 
 
-def _y_name(problem: TPProblem, path, v: int):
+def _y_name(problem: TPProblem, path, v: int, prefix: str = "y"):
+    """Register name of component j of y (or of the y-shaped row ``prefix``: gy, ggy) for channel v of a path."""
     base = problem.offsets_in2[path.i_in2] + v * (2 * problem.irreps_in2[path.i_in2][1] + 1)
-    return lambda j: f"y{base + j}"
+    return lambda j: f"{prefix}{base + j}"
 
 
 def _gy_name(problem: TPProblem, path, v: int):
-    base = problem.offsets_in2[path.i_in2] + v * (2 * problem.irreps_in2[path.i_in2][1] + 1)
-    return lambda j: f"gy{base + j}"
+    return _y_name(problem, path, v, "gy")
 
 
 def _used_y(problem: TPProblem, paths) -> list[int]:
@@ -201,6 +242,32 @@ def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str) -> None:
 
 # --- the phases ------------------------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class _Terms:
+    """What one path computes in a double walk, from the incoming gradients given (a path without weights has
+    its implicit weight of one in the ggx and ggy terms, and no ggw term and no grad w)."""
+
+    gx: bool  # ggx given: its terms are in
+    gy: bool  # ggy given
+    ggw: bool  # ggw given and the path has weights: ggwv loaded
+    a: bool  # A (contraction of the CG with y) used
+    b: bool  # B (with ggy) used
+    x: bool  # x operands loaded
+    w: bool  # w loaded
+    dw: bool  # double backward: this path's grad w written
+    dy: bool  # double backward: the path adds to grad y
+
+    @classmethod
+    def of(cls, spec: KernelSpec, path) -> "_Terms":
+        gx, gy, gw = spec.need
+        hw = path.has_weight
+        ggw = gw and hw
+        if spec.direction == "double_forward":
+            return cls(gx, gy, ggw, a=gx or ggw, b=gy, x=gy or ggw, w=(gx or gy) and hw, dw=False, dy=False)
+        return cls(gx, gy, ggw, a=ggw or (gx and hw), b=gy, x=ggw or (gy and hw), w=(gx or gy) and hw,
+                   dw=hw and (gx or gy), dy=gx or ggw)
+
+
 class _PhaseEmitter:
     def __init__(self, spec: KernelSpec, schedule: Schedule, phase_index: int):
         self.spec = spec
@@ -210,9 +277,10 @@ class _PhaseEmitter:
         self.multi_phase = len(schedule.phases) > 1
         self.layout = node_layout(spec)
         self.seg_index = {(s.irrep, s.chunk): n for n, s in enumerate(self.phase.segments)}
-        self.acc_irreps = self.p.irreps_out if spec.direction == "forward" else self.p.irreps_in1
-        self.acc_offsets = self.p.offsets_out if spec.direction == "forward" else self.p.offsets_in1
-        side_of = (lambda path: path.i_out) if spec.direction == "forward" else (lambda path: path.i_in1)
+        by_receiver = spec.side == "out"
+        self.acc_irreps = self.p.irreps_out if by_receiver else self.p.irreps_in1
+        self.acc_offsets = self.p.offsets_out if by_receiver else self.p.offsets_in1
+        side_of = (lambda path: path.i_out) if by_receiver else (lambda path: path.i_in1)
         # (path, chunks of its accumulated irrep that this phase holds)
         self.work = []
         for path in self.p.paths:
@@ -265,11 +333,20 @@ class _PhaseEmitter:
             L(f"const T y{j} = ld_keep(ye + {j});")
         L("const T* we = w + e * W_NUMEL;")
 
-    def x_operands(self, L: _Lines, path, u: str, ok: str | None, row: str):
+    def x_operands(self, L: _Lines, path, u: str, ok: str | None, row: str, name: str = "x"):
         mul1, l1, _ = self.p.irreps_in1[path.i_in1]
         off = self.p.offsets_in1[path.i_in1]
         for i in range(2 * l1 + 1):
-            L(f"const T x{i} = {_guarded(ok, 'ld_keep(' + _node_addr(row, off, mul1, 2 * l1 + 1, u, i, self.layout) + ')')};")
+            addr = _node_addr(row, off, mul1, 2 * l1 + 1, u, i, self.layout)
+            L(f"const T {name}{i} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
+
+    def g_operands(self, L: _Lines, path, u: str, ok: str | None):
+        """grad_z[other] of the path's output irrep, channel u: g0 .. g2l."""
+        mul3, l3, _ = self.p.irreps_out[path.i_out]
+        off3 = self.p.offsets_out[path.i_out]
+        for k in range(2 * l3 + 1):
+            addr = _node_addr("gr", off3, mul3, 2 * l3 + 1, u, k, self.layout)
+            L(f"const T g{k} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
 
     def forward_body(self, L: _Lines):
         self.load_y(L)
@@ -305,8 +382,7 @@ class _PhaseEmitter:
         for path, chunks in self.work:
             mul1, l1, _ = self.p.irreps_in1[path.i_in1]
             mul2, l2, _ = self.p.irreps_in2[path.i_in2]
-            mul3, l3, _ = self.p.irreps_out[path.i_out]
-            off3 = self.p.offsets_out[path.i_out]
+            l3 = self.p.irreps_out[path.i_out][1]
             supp = nonzeros.support(path)
             with L.block(comment=f"path {self.p.paths.index(path)}: {_path_str(self.p, path)}"):
                 for v in range(mul2):
@@ -322,9 +398,7 @@ class _PhaseEmitter:
                                 L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
                                 if need_y or (need_w and path.has_weight):
                                     self.x_operands(L, path, u, ok, "xr")
-                                for k in range(2 * l3 + 1):
-                                    addr = _node_addr("gr", off3, mul3, 2 * l3 + 1, u, k, self.layout)
-                                    L(f"const T g{k} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
+                                self.g_operands(L, path, u, ok)
                                 if need_w and path.has_weight:
                                     t = [nonzeros.x_times_a(path, lambda i: f"x{i}", k) for k in range(2 * l3 + 1)]
                                     gw = " + ".join(f"g{k} * ({tk})" for k, tk in enumerate(t) if tk != "T(0)")
@@ -348,6 +422,152 @@ class _PhaseEmitter:
                     else "gy_out + e * D_IN2")
             _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], base)
 
+    # --- the double backward's two walks (module docstring): every term of one edge from one load of its rows
+    def terms(self, path) -> "_Terms":
+        return _Terms.of(self.spec, path)
+
+    def load_edge_rows(self, L: _Lines, terms) -> None:
+        """The edge's y and ggy components its paths' A and B read, and its weight rows."""
+        for flag, row, prefix in ((lambda t: t.a, "y", "y"), (lambda t: t.b, "ggy", "ggy")):
+            used = _used_y(self.p, [path for path, _, t in terms if flag(t)])
+            if used:
+                L(f"const T* {prefix}e = {row} + e * D_IN2;")
+                for j in used:
+                    L(f"const T {prefix}{j} = ld_keep({prefix}e + {j});")
+        if any(t.w for _, _, t in terms):
+            L("const T* we = w + e * W_NUMEL;")
+        if any(t.ggw for _, _, t in terms):
+            L("const T* ggwe = ggw + e * W_NUMEL;")
+
+    def lane_operands(self, L: _Lines, path, v: int, t: "_Terms", u: str, ok: str | None, row: str,
+                      gx_row: str) -> None:
+        """wv, ggwv and the x and ggx operands of channel u that the path's terms read."""
+        if t.gx or t.gy:
+            L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+        if t.ggw:
+            L(f"const T ggwv = {_weight_expr(self.p, path, v, u, ok, 'ggwe')};")
+        if t.x:
+            self.x_operands(L, path, u, ok, row)
+        if t.gx:
+            self.x_operands(L, path, u, ok, gx_row, "ggx")
+
+    def contractions(self, L: _Lines, path, v: int, t: "_Terms") -> None:
+        if t.a:
+            for line in nonzeros.emit_a(path, _y_name(self.p, path, v), self.spec.dtype):
+                L(line)
+        if t.b:
+            for line in nonzeros.emit_a(path, _y_name(self.p, path, v, "ggy"), self.spec.dtype, "b"):
+                L(line)
+
+    def mixed_x(self, L: _Lines, path, t: "_Terms", name: str) -> None:
+        """``name{i} = wv ggx[i] + ggwv x[i]``: the x-side operand the ggx and ggw terms share (with A in the
+        grad of grad_z, with grad_z in grad y)."""
+        l1 = self.p.irreps_in1[path.i_in1][1]
+        for i in range(2 * l1 + 1):
+            parts = ([f"wv * ggx{i}"] if t.gx else []) + ([f"ggwv * x{i}"] if t.ggw else [])
+            L(f"const T {name}{i} = {' + '.join(parts)};")
+
+    def double_forward_body(self, L: _Lines):
+        """grad of grad_z[key] += sum_i (w ggx_i + ggw x_i) A[i, k] + w x_i B[i, k] (B: A of ggy)."""
+        terms = [(path, chunks, self.terms(path)) for path, chunks in self.work]
+        self.load_edge_rows(L, terms)
+        if any(t.x for _, _, t in terms):
+            L("const T* xr = x + other * D_IN1;")
+        if self.spec.need[0]:
+            L("const T* ggxr = ggx + other * D_IN1;")
+        for path, chunks, t in terms:
+            if not (t.a or t.b):
+                continue
+            mul2 = self.p.irreps_in2[path.i_in2][0]
+            l3 = self.p.irreps_out[path.i_out][1]
+            with L.block(comment=f"path {self.p.paths.index(path)}: {_path_str(self.p, path)}"):
+                for v in range(mul2):
+                    with L.block(comment=f"v = {v}" if mul2 > 1 else None):
+                        self.contractions(L, path, v, t)
+                        for c in chunks:
+                            n, seg = self.segment(path.i_out, c)
+                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
+                                u, ok = _lane_setup(L, seg)
+                                self.lane_operands(L, path, v, t, u, ok, "xr", "ggxr")
+                                if t.a:
+                                    self.mixed_x(L, path, t, "xa")
+                                for k in range(2 * l3 + 1):
+                                    parts = []
+                                    if t.a and (ta := nonzeros.x_times_a(path, lambda i: f"xa{i}", k)) != "T(0)":
+                                        parts.append(ta)
+                                    if t.b and (tb := nonzeros.x_times_a(path, lambda i: f"x{i}", k, "b")) != "T(0)":
+                                        parts.append(f"wv * ({tb})")
+                                    if parts:
+                                        L(f"acc{n}_{k} += {' + '.join(parts)};")
+
+    def double_backward_body(self, L: _Lines):
+        """grad x[key] += w B g + ggw A g; per edge grad w = g (ggx A + x B), grad y from
+        M[i, k] = sum_u (w ggx_i + ggw x_i) g_k (as the backward's grad y, with that operand for w x)."""
+        write_x, write_y, write_w = self.spec.writes
+        terms = [(path, chunks, self.terms(path)) for path, chunks in self.work]
+        self.load_edge_rows(L, terms)
+        if any(t.x for _, _, t in terms):
+            L("const T* xr = x + key * D_IN1;")
+        if self.spec.need[0]:
+            L("const T* ggxr = ggx + key * D_IN1;")
+        L("const T* gr = gz + other * D_OUT;")
+        if write_w:
+            L("T* gwe = gw_out + e * W_NUMEL;")
+        if write_y:
+            L(f"T {', '.join(f'gy{j} = T(0)' for j in range(self.p.dim_in2))};")
+        for path, chunks, t in terms:
+            if not (t.a or t.b or t.dy):
+                continue
+            mul2 = self.p.irreps_in2[path.i_in2][0]
+            l1 = self.p.irreps_in1[path.i_in1][1]
+            l3 = self.p.irreps_out[path.i_out][1]
+            supp = nonzeros.support(path)
+            with L.block(comment=f"path {self.p.paths.index(path)}: {_path_str(self.p, path)}"):
+                for v in range(mul2):
+                    with L.block(comment=f"v = {v}" if mul2 > 1 else None):
+                        self.contractions(L, path, v, t)
+                        if t.dy:
+                            L(f"T {', '.join(f'm{i}_{k} = T(0)' for i, k in supp)};  // sum_u (w ggx_i + ggw x_i) g_k")
+                        for c in chunks:
+                            n, seg = self.segment(path.i_in1, c)
+                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
+                                u, ok = _lane_setup(L, seg)
+                                self.lane_operands(L, path, v, t, u, ok, "xr", "ggxr")
+                                self.g_operands(L, path, u, ok)
+                                g = lambda k: f"g{k}"  # noqa: E731
+                                if t.dw:
+                                    per_k = []
+                                    for k in range(2 * l3 + 1):
+                                        parts = [e for e in (
+                                            nonzeros.x_times_a(path, lambda i: f"ggx{i}", k) if t.gx else "T(0)",
+                                            nonzeros.x_times_a(path, lambda i: f"x{i}", k, "b") if t.gy else "T(0)",
+                                        ) if e != "T(0)"]
+                                        if parts:
+                                            per_k.append(f"g{k} * ({' + '.join(parts)})")
+                                    store = (f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, "
+                                             f"{' + '.join(per_k) or 'T(0)'});")
+                                    L(store if ok is None else f"if ({ok}) {store}")
+                                if write_x:
+                                    for i in range(2 * l1 + 1):
+                                        parts = []
+                                        if t.b and (sb := nonzeros.a_times_g(path, g, i, "b")) != "T(0)":
+                                            parts.append(f"wv * ({sb})")
+                                        if t.ggw and (sa := nonzeros.a_times_g(path, g, i)) != "T(0)":
+                                            parts.append(f"ggwv * ({sa})")
+                                        if parts:
+                                            L(f"acc{n}_{i} += {' + '.join(parts)};")
+                                if t.dy:
+                                    self.mixed_x(L, path, t, "xm")
+                                    for i, k in supp:
+                                        L(f"m{i}_{k} += xm{i} * g{k};")
+                        if t.dy:
+                            for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
+                                L(line)
+        if write_y:
+            base = (f"gy_out + {self.index}LL * num_edges * D_IN2 + e * D_IN2" if self.multi_phase
+                    else "gy_out + e * D_IN2")
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], base)
+
     def emit(self) -> str:
         spec = self.spec
         accumulate = spec.accumulates
@@ -363,8 +583,10 @@ class _PhaseEmitter:
                 self.zero(row_change)
             with final_flush.block("if (row >= 0)"):
                 self.flush(final_flush)
+        bodies = {"forward": self.forward_body, "backward": self.backward_body,
+                  "double_forward": self.double_forward_body, "double_backward": self.double_backward_body}
         with body.block(""):
-            (self.forward_body if spec.direction == "forward" else self.backward_body)(body)
+            bodies[spec.direction](body)
         ordered = spec.variant == "det" and accumulate
         return _template("phase.cu").substitute(
             phase=self.index,
@@ -398,13 +620,12 @@ def _segments_str(irreps, phase: Phase) -> str:
 
 
 def schedule_for(spec: KernelSpec) -> Schedule:
-    side = "out" if spec.direction == "forward" else "in1"
     budget = spec.budget if spec.accumulates else None
-    return build_schedule(spec.problem, side, budget)
+    return build_schedule(spec.problem, spec.side, budget)
 
 
 def node_layout(spec: KernelSpec) -> str:
-    """Column layout of the gathered node rows (x, and grad_z in the backward): e3nn's (mul, 2l+1) blocks for
+    """Column layout of the gathered node rows (x, ggx, and grad_z by sender): e3nn's (mul, 2l+1) blocks for
     the batched TP (each row read once), (2l+1, mul) for the convolution, whose node rows many edges gather
     (lane = channel: coalesced). The launcher permutes e3nn's columns into it (``runtime.layout``)."""
     return "mul_ir" if spec.variant == "tp" else "ir_mul"
@@ -415,17 +636,26 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
     which it reads in this variant, the grid (one warp per ``edges_per_warp`` edges, one y-block per phase)."""
     p, t = spec.problem, POINTER_TYPES[spec.dtype]
     conv = spec.variant != "tp"
-    fwd = spec.direction == "forward"
-    _, need_y, need_w = spec.need if not fwd else (False, False, False)
+    by_receiver = spec.side == "out"
+    _, need_y, need_w = spec.writes
     rows = "nodes" if conv else "num_edges"
     layout = node_layout(spec)
-    acc = "D_OUT" if fwd else "D_IN1"
+    acc = "D_OUT" if by_receiver else "D_IN1"
     ordered = spec.variant == "det" and spec.accumulates
+
+    def operand(name: str, shape: str, given: bool = True) -> tuple[Argument, ...]:
+        """An input and, in the double walks, its incoming gradient (gg<name>: same shape and layout; null when
+        not given)."""
+        arg = Argument(name, f"const {t}*", "input", shape)
+        if not spec.double:
+            return (arg,)
+        return arg, Argument("gg" + name, f"const {t}*", "input", shape, optional=not given)
+    ggx, ggy, ggw = spec.need if spec.double else (False, False, False)
     args = (
-        Argument("x", f"const {t}*", "input", f"[{rows}, D_IN1] {layout}"),
-        Argument("y", f"const {t}*", "input", "[num_edges, D_IN2] mul_ir"),
-        Argument("w", f"const {t}*", "input", "[num_edges, W_NUMEL] e3nn's weight layout"),
-        Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {layout}", optional=fwd),
+        *operand("x", f"[{rows}, D_IN1] {layout}", ggx),
+        *operand("y", "[num_edges, D_IN2] mul_ir", ggy),
+        *operand("w", "[num_edges, W_NUMEL] e3nn's weight layout", ggw),
+        Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {layout}", optional=by_receiver),
         Argument("order", "const long long*", "input", "[num_edges] edge permutation (CSR by key)",
                  optional=not ordered),
         Argument("keys", "const long long*", "input", "[num_edges] row each edge accumulates into",
@@ -451,7 +681,7 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:
     """The deterministic walk's second pass: one block per warp slot of the walk (same ``edges_per_warp``)."""
     t = POINTER_TYPES[spec.dtype]
-    acc = "D_OUT" if spec.direction == "forward" else "D_IN1"
+    acc = "D_OUT" if spec.side == "out" else "D_IN1"
     args = (
         Argument("order", "const long long*", "input", "[num_edges] the walk's order"),
         Argument("keys", "const long long*", "input", "[num_edges] the walk's keys"),
@@ -472,16 +702,17 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         raise NotImplementedError(reason)
     p = spec.problem
     schedule = schedule_for(spec)
-    need_y = spec.direction == "backward" and spec.need[1]
-    gy_partials = len(schedule.phases) if need_y else 0
+    gy_partials = len(schedule.phases) if spec.writes[1] else 0
     walk = walk_plan(spec, len(schedule.phases), gy_partials)
     phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
-    acc_width = p.dim_out if spec.direction == "forward" else p.dim_in1
+    acc_width = p.dim_out if spec.side == "out" else p.dim_in1
     flush_mode = spec.variant if spec.accumulates else "none (no accumulated rows)"
+    named = lambda prefix, flags: ", ".join(prefix + n for n, f in zip("xyw", flags) if f)  # noqa: E731
     title = (f"{'batched tensor product' if spec.variant == 'tp' else spec.variant + ' fused convolution'} "
-             f"{spec.direction}, {spec.dtype}"
-             + ("" if spec.direction == "forward" else f", grads of {', '.join(n for n, f in zip('xyw', spec.need) if f)}"))
+             f"{spec.direction.replace('_', ' ')}, {spec.dtype}"
+             + ("" if spec.direction == "forward" else
+                f", given {named('gg', spec.need)}" if spec.double else f", grads of {named('', spec.need)}"))
     source = _template("walk.cu").substitute(
         title=title, problem=p.describe(),
         schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",

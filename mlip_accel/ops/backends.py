@@ -5,7 +5,9 @@ A backend is a module with ``tp_forward(problem, x, y, w)``,
 perm)`` and ``conv_backward(problem, x, y, w, grad_z, edge_dst, edge_src, transpose_perm, need)``; ``perm``
 and ``transpose_perm`` are an :class:`~mlip_accel.graph.EdgeGraph`'s edge orders (deterministic: the edges
 are summed in that order) or None (atomic), ``need`` says which of the three gradients (x, y, w) to compute;
-the ones not needed are returned as None.
+the ones not needed are returned as None. A backend may also have ``conv_double_backward(problem, x, y, w,
+grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, transpose_perm)`` (the CUDA one: two fused walks); without
+it the op composes the double backward from the four functions (ops/custom_ops.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ BACKENDS = ("auto", "reference", "cuda")
 _warned_fallback = False  # backend="auto" falling back to the reference on CUDA tensors: said once per process
 _warned_problems: set[str] = set()  # backend="auto" on a problem the kernels do not implement: once per problem
 _PROBLEM_REASONS: dict[int, tuple[object, str | None]] = {}  # id(problem) -> (problem, reason); traceable by dynamo
+_COMPOSED = [False]  # composed_double_backward() is active
 
 
 class BackendUnavailable(RuntimeError):
@@ -130,3 +133,23 @@ def reusing_layouts(name: str):
         from ..runtime.layout import once_per_tensor
         return once_per_tensor()
     return contextlib.nullcontext()
+
+
+def fused_double_backward(name: str, problem=None):
+    """Backend ``name``'s fused ``conv_double_backward``, or None: the backend has none (the reference), or
+    :func:`composed_double_backward` is active."""
+    if _COMPOSED[0]:
+        return None
+    return getattr(get(name, problem), "conv_double_backward", None)
+
+
+@contextlib.contextmanager
+def composed_double_backward():
+    """Inside this block the convolution's double backward is composed from forward and backward calls (the
+    identity in ops/custom_ops.py) on every backend, as before the fused walks: benchmarks and tests compare
+    the two."""
+    old, _COMPOSED[0] = _COMPOSED[0], True
+    try:
+        yield
+    finally:
+        _COMPOSED[0] = old

@@ -1,10 +1,13 @@
 """torch.library custom ops ``mlip_accel::*`` with autograd to second order.
 
-Forward and backward run a backend (ops/backends.py). The double backward is not a kernel of its own:
-because the tensor product is linear in each of x, y and w, the derivatives of the backward's outputs
-are sums of forward and backward calls with one operand replaced by its incoming gradient (the identity
-of the sparse-kernel-generator paper). It holds unchanged for the fused convolution, which is why one
-helper, :func:`_double_backward`, serves both.
+Forward and backward run a backend (ops/backends.py). Because the tensor product is linear in each of x, y
+and w, the derivatives of the backward's outputs are sums of forward and backward calls with one operand
+replaced by its incoming gradient (the identity of the sparse-kernel-generator paper). It holds unchanged
+for the fused convolution, which is why one helper, :func:`_double_backward`, composes the double backward
+of both from a backend's four functions. A backend with a fused ``conv_double_backward`` (the CUDA one: two
+walks that compute every term of the identity from one load of each edge's rows) runs the convolution's
+double backward instead, unless :func:`~mlip_accel.ops.backends.composed_double_backward` asks for the
+composition (benchmarks compare the two).
 
 A path without weights (e3nn's ``has_weight=False``) is bilinear in (x, y) and constant in w: it belongs to
 the x and y terms of the identity (with its implicit weight of one) but not to the w term, which therefore
@@ -181,6 +184,12 @@ def conv_double_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, ggx: O
                          perm: Optional[Tensor], transpose_perm: Optional[Tensor], problem: str,
                          backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     args = (edge_dst, edge_src, perm, transpose_perm, problem, backend)
+    fused = backends.fused_double_backward(backend, get_problem(problem))
+    if fused is not None:
+        if (perm is None) != (transpose_perm is None):
+            _conv_kernels(*args)  # the one message for a half-given pair of edge orders
+        gg = [t if _given(t) else None for t in (ggx, ggy, ggw)]
+        return fused(get_problem(problem), *_contig(x, y, w, grad_z, *gg), edge_dst, edge_src, perm, transpose_perm)
     with backends.reusing_layouts(backend):
         return _double_backward(*_conv_kernels(*args), x, y, w, grad_z, ggx, ggy, ggw,
                                 *_conv_kernels(*args, weighted_only=True))

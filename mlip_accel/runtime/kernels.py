@@ -21,7 +21,7 @@ def problem_key(problem: TPProblem) -> str:
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
     budget = budget_for(direction, dtype)
-    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction == "backward" else None, budget)
+    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget)
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget))

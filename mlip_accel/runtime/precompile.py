@@ -3,10 +3,11 @@
     python -m mlip_accel.runtime.precompile problems.json [--arch 90] [--workers 16]
 
 ``problems.json`` has the layout of ../shared/bench/problems.json. Every kernel the backend would build
-for those problems (batched TP, deterministic and atomic convolution; forward, backward and the backward
-variants the double backward calls; float32 and float64) is compiled once into ``$MLIP_ACCEL_CACHE_DIR``.
-Sound entries already there are kept. It prints how many modules it wrote and exits with status 1 when
-the cache cannot be written (2 when the disk cache is off), so a job script can tell that it did nothing.
+for those problems (batched TP, deterministic and atomic convolution; forward, backward, the backward
+variants the composed double backward calls and the fused double backward's two walks; float32 and
+float64) is compiled once into ``$MLIP_ACCEL_CACHE_DIR``. Sound entries already there are kept. It prints
+how many modules it wrote and exits with status 1 when the cache cannot be written (2 when the disk cache
+is off), so a job script can tell that it did nothing.
 """
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
             for variant in ("tp", "det", "atomic"):
                 sources.append(module_for(problem, dtype, "forward", variant).source)
                 sources += [module_for(problem, dtype, "backward", variant, need).source for need in NEEDS]
-                if weighted is not None and weighted is not problem:  # the double backward's w term
+                if variant != "tp":  # the fused double backward, every incoming gradient given
+                    sources += [module_for(problem, dtype, d, variant).source
+                                for d in ("double_forward", "double_backward")]
+                if weighted is not None and weighted is not problem:  # the composed double backward's w term
                     sources.append(module_for(weighted, dtype, "forward", variant).source)
                     sources.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]).source)
     return sources

@@ -9,23 +9,31 @@ import math
 # Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
 # mace-large/mace-medium/nequip-benzene): the backward runs fastest as several small phases (more warps,
 # fewer live registers), the forward with large ones.
+# The double backward's walks (by receiver and by sender) take their side's values: not swept yet.
 ACC_BUDGET = {("forward", "float32"): 64, ("forward", "float64"): 48,
-              ("backward", "float32"): 12, ("backward", "float64"): 12}
+              ("backward", "float32"): 12, ("backward", "float64"): 12,
+              ("double_forward", "float32"): 64, ("double_forward", "float64"): 48,
+              ("double_backward", "float32"): 12, ("double_backward", "float64"): 12}
+# the override of "forward" also applies to the double backward's walk by receiver, "backward" to the one by sender
+_OVERRIDE_KEY = {"forward": "forward", "double_forward": "forward", "backward": "backward",
+                 "double_backward": "backward"}
 _BUDGET_OVERRIDE: dict[str, int] = {}  # tests: tiny budgets force multi-phase schedules
-# Edges per warp. The deterministic forward takes the mean degree (about one row per warp: few fixups,
-# and the fixup buffer, one row per warp, is never larger than the output); every other walk takes 32.
+# Edges per warp. The deterministic walks by receiver (forward, double_forward) take the mean degree (about one
+# row per warp: few fixups, and the fixup buffer, one row per warp, is never larger than the output); every
+# other walk takes 32.
 MIN_EDGES_PER_WARP = 32
 MAX_EDGES_PER_WARP = 4096
 _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows between many warps
 
 
 def budget_for(direction: str, dtype: str) -> int:
-    return _BUDGET_OVERRIDE.get(direction, ACC_BUDGET[(direction, dtype)])
+    return _BUDGET_OVERRIDE.get(_OVERRIDE_KEY[direction], ACC_BUDGET[(direction, dtype)])
 
 
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
-    """Override the accumulator budget of each direction (every dtype) inside the block."""
+    """Override the accumulator budget of each direction (every dtype) inside the block: ``forward`` for the
+    walks by receiver (forward, double_forward), ``backward`` for those by sender (backward, double_backward)."""
     old = dict(_BUDGET_OVERRIDE)
     _BUDGET_OVERRIDE.update({k: v for k, v in (("forward", forward), ("backward", backward)) if v is not None})
     try:
@@ -52,7 +60,7 @@ def edges_per_warp_for(spec, num_edges: int, num_rows: int) -> int:
     """Edges per warp of one walk of a kernel of ``spec`` (a codegen.KernelSpec)."""
     if _EDGES_PER_WARP_OVERRIDE is not None:
         return _EDGES_PER_WARP_OVERRIDE
-    if spec.variant != "det" or spec.direction != "forward":
+    if spec.variant != "det" or spec.side != "out":
         return MIN_EDGES_PER_WARP
     mean_degree = math.ceil(num_edges / max(num_rows, 1))
     return max(MIN_EDGES_PER_WARP, min(MAX_EDGES_PER_WARP, mean_degree))

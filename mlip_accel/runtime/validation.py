@@ -78,6 +78,23 @@ def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, order: tuple[str
         _check_index(*order, num_edges, x)
 
 
+def check_conv_double(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm,
+                      transpose_perm) -> None:
+    """The conv's double backward: the backward's inputs, both edge orders or neither, and the incoming
+    gradients that are given (None: absent) shaped as x, y and w."""
+    check_conv(problem, x, y, w, edge_dst, edge_src, ("perm", perm), grad_z)
+    if (perm is None) != (transpose_perm is None):
+        raise ValueError("perm and transpose_perm are given together (deterministic: both orders of "
+                         "mlip_accel.sort_edges) or both None (atomic)")
+    num_edges = y.shape[0]
+    if transpose_perm is not None:
+        _check_index("transpose_perm", transpose_perm, num_edges, x)
+    for name, t, rows, width in (("ggx", ggx, x.shape[0], problem.dim_in1), ("ggy", ggy, num_edges, problem.dim_in2),
+                                 ("ggw", ggw, num_edges, problem.weight_numel)):
+        if t is not None:
+            _check_float(name, t, rows, width, x)
+
+
 def check_symcon(x, elements, **floats) -> None:
     """The tensors of one symmetric-contraction call (None skipped): ``floats`` of x's dtype (float32 or
     float64), ``elements`` int64; all contiguous and on x's device. Made once per call, before any launch."""
