@@ -1,25 +1,69 @@
 """A small case for compute-sanitizer (memcheck, racecheck): every kernel family of the CUDA backend, fp32
-and fp64, on a problem with partial 32-channel chunks, several phases and rows split between warps.
+and fp64, on a problem with partial 32-channel chunks, several phases and rows split between warps; the conv's
+fused double backward also on the graphs of issue 15 (isolated nodes, a hub, one edge, no edges) and with only
+some incoming gradients given.
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 scripts/sanitizer_case.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 scripts/sanitizer_case.py [--only K]
 
-(without PyTorch's caching allocator every tensor is its own allocation, so memcheck sees overruns).
+(without PyTorch's caching allocator every tensor is its own allocation, so memcheck sees overruns). K:
+``first-order`` (default: forward and backward of every family, as scripts/gpu_check.sh runs it), ``double``
+(the fused double backward, as scripts/gpu_check_double.sh runs it) or ``all``.
 Exits non-zero if a result differs from the reference backend.
 """
+import argparse
+import itertools
 import sys
 
 import torch
 
 from mlip_accel import reference
 from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
+from mlip_accel.problem import register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.testing import TOL, rel_err
 from mlip_accel.testing.conv_cases import graph, inputs, random_uvu_problem
 
 
+def composed_reference(problem, x, y, w, gz, gg, dst, src):
+    """The conv's double backward composed from the reference backend's calls (the op's identity), in float64."""
+    up = [None if t is None else t.double() for t in (x, y, w, gz, *gg)]
+    return torch.ops.mlip_accel.conv_double_backward(*up, dst, src, None, None, register_problem(problem),
+                                                     "reference")
+
+
+def double_backward_checks(problem, dtype, failures: list) -> None:
+    """The fused double backward (both walks, det and atomic) against the composed reference, on each graph."""
+    graphs = (("hub", 13, 77), ("isolated", 12, 45), ("random", 10, 1), ("random", 6, 0))
+    given_sets = ((True, True, True), (True, False, False), (False, True, True))
+    for (kind, nodes, edges), given in itertools.product(graphs, given_sets):
+        x, y, w, gz = inputs(problem, nodes, edges, dtype, "cuda", seed=2)
+        gg = [torch.randn_like(t) if n else None for t, n in zip((x, y, w), given)]
+        dst, src = graph(kind, nodes, edges, seed=2, device="cuda")
+        want = (composed_reference(problem, x, y, w, gz, gg, dst, src) if edges else
+                tuple(torch.zeros_like(t) for t in (x, y, w, gz)))
+        for g in (sort_edges(dst, src, nodes), None):
+            got = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, *edge_orders(g))
+            for n, (a, b) in enumerate(zip(got, want)):
+                if rel_err(a, b) > TOL[dtype]:
+                    failures.append(f"{dtype} double backward {'det' if g is not None else 'atomic'} {kind} "
+                                    f"{edges} edges given {given} output {n}: {rel_err(a, b):.3g}")
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description="a small compute-sanitizer case")
+    parser.add_argument("--only", choices=("first-order", "double", "all"), default="first-order",
+                        help="first-order: forward and backward of every family (gpu_check.sh, as before); "
+                             "double: the conv's fused double backward (gpu_check_double.sh); all: both")
+    only = parser.parse_args().only
     problem = random_uvu_problem(21, muls=(5, 33, 40))
     failures = []
+    if only in ("double", "all"):
+        with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
+            for dtype in (torch.float32, torch.float64):
+                double_backward_checks(problem, dtype, failures)
+    if only == "double":
+        return report(failures)
     with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
         for dtype in (torch.float32, torch.float64):
             x, y, w, gz = inputs(problem, 13, 77, dtype, "cuda", seed=1)
@@ -36,6 +80,10 @@ def main() -> int:
                 for n, (a, b) in enumerate(checks):
                     if rel_err(a, b) > TOL[dtype]:
                         failures.append(f"{dtype} {'det' if g is not None else 'atomic'} check {n}: {rel_err(a, b):.3g}")
+    return report(failures)
+
+
+def report(failures: list) -> int:
     torch.cuda.synchronize()
     print("sanitizer case:", "FAILED " + "; ".join(failures) if failures else "all results match the reference")
     return 1 if failures else 0

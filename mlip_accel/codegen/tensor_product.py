@@ -247,8 +247,8 @@ class _Terms:
     """What one path computes in a double walk, from the incoming gradients given (a path without weights has
     its implicit weight of one in the ggx and ggy terms, and no ggw term and no grad w)."""
 
-    gx: bool  # ggx given: its terms are in
-    gy: bool  # ggy given
+    ggx: bool  # ggx given: its terms are in
+    ggy: bool  # ggy given
     ggw: bool  # ggw given and the path has weights: ggwv loaded
     a: bool  # A (contraction of the CG with y) used
     b: bool  # B (with ggy) used
@@ -442,13 +442,13 @@ class _PhaseEmitter:
     def lane_operands(self, L: _Lines, path, v: int, t: "_Terms", u: str, ok: str | None, row: str,
                       gx_row: str) -> None:
         """wv, ggwv and the x and ggx operands of channel u that the path's terms read."""
-        if t.gx or t.gy:
+        if t.ggx or t.ggy:
             L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
         if t.ggw:
             L(f"const T ggwv = {_weight_expr(self.p, path, v, u, ok, 'ggwe')};")
         if t.x:
             self.x_operands(L, path, u, ok, row)
-        if t.gx:
+        if t.ggx:
             self.x_operands(L, path, u, ok, gx_row, "ggx")
 
     def contractions(self, L: _Lines, path, v: int, t: "_Terms") -> None:
@@ -464,7 +464,7 @@ class _PhaseEmitter:
         grad of grad_z, with grad_z in grad y)."""
         l1 = self.p.irreps_in1[path.i_in1][1]
         for i in range(2 * l1 + 1):
-            parts = ([f"wv * ggx{i}"] if t.gx else []) + ([f"ggwv * x{i}"] if t.ggw else [])
+            parts = ([f"wv * ggx{i}"] if t.ggx else []) + ([f"ggwv * x{i}"] if t.ggw else [])
             L(f"const T {name}{i} = {' + '.join(parts)};")
 
     def double_forward_body(self, L: _Lines):
@@ -539,8 +539,8 @@ class _PhaseEmitter:
                                     per_k = []
                                     for k in range(2 * l3 + 1):
                                         parts = [e for e in (
-                                            nonzeros.x_times_a(path, lambda i: f"ggx{i}", k) if t.gx else "T(0)",
-                                            nonzeros.x_times_a(path, lambda i: f"x{i}", k, "b") if t.gy else "T(0)",
+                                            nonzeros.x_times_a(path, lambda i: f"ggx{i}", k) if t.ggx else "T(0)",
+                                            nonzeros.x_times_a(path, lambda i: f"x{i}", k, "b") if t.ggy else "T(0)",
                                         ) if e != "T(0)"]
                                         if parts:
                                             per_k.append(f"g{k} * ({' + '.join(parts)})")
