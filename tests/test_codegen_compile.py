@@ -1,6 +1,7 @@
 """CI compile check (CPU only): every kernel family x dtype x problem of problems.json compiles with NVRTC
 for sm_80 and sm_90, the fused double backward's walks with every incoming gradient given and, on one problem,
-with each subset of them. NVRTC runs without a GPU; the disk cache is bypassed (each case really compiles)."""
+with each subset of them, and there every family generated with chunk loops. NVRTC runs without a GPU; the disk
+cache is bypassed (each case really compiles)."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -50,6 +51,12 @@ def compiled():
                     jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
             if spec["name"] != GIVEN_PROBLEM:
                 continue
+            for direction, variant in FAMILIES:
+                gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype),
+                                         chunk_loops=True))
+                for arch in ARCHS:
+                    jobs[(spec["name"], dtype, f"{direction}-{variant}-loops", arch)] = (gm.source, arch,
+                                                                                       gm.walk_kernel)
             for direction, given in itertools.product(("double_forward", "double_backward"), GIVEN):
                 gm = generate(KernelSpec(problem, dtype, direction, "det", given, budget_for(direction, dtype)))
                 for arch in ARCHS:
@@ -75,6 +82,17 @@ def test_problems_json_is_found():
 @pytest.mark.parametrize("name", NAMES)
 def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
     size, error = compiled[(name, dtype, family, arch)]
+    assert error is None, error
+    assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("family", [f"{d}-{v}" for d, v in FAMILIES])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_loops_compile(compiled, dtype, family, arch):
+    if GIVEN_PROBLEM not in NAMES:
+        pytest.skip(f"{GIVEN_PROBLEM} is not in problems.json")
+    size, error = compiled[(GIVEN_PROBLEM, dtype, f"{family}-loops", arch)]
     assert error is None, error
     assert size > 0
 

@@ -54,6 +54,9 @@ class KernelSpec:
     # ggx, ggy, ggw are given (an absent one is zero: its terms are left out of the code)
     need: tuple[bool, bool, bool] = (True, True, True)
     budget: int = 64  # accumulators per lane, i.e. per phase (schedule.py)
+    # the 32-channel chunks of each irrep as a runtime loop over blocks (blockIdx.y) instead of unrolled code:
+    # a phase's code is generated once for all its chunks (a tuning flag for the cold compile; schedule.py)
+    chunk_loops: bool = False
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -196,14 +199,6 @@ def _used_y(problem: TPProblem, paths) -> list[int]:
     return sorted(used)
 
 
-def _lane_setup(L: _Lines, seg) -> tuple[str, str | None]:
-    u = f"{WARP * seg.chunk} + lane" if seg.chunk else "lane"
-    if seg.lanes < WARP:
-        L(f"const bool ok = lane < {seg.lanes};  // multiplicity not a multiple of 32: last chunk is partial")
-        return u, "ok"
-    return u, None
-
-
 def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str) -> None:
     """Sum each of ``values`` over the warp and store sum j at ``store_base[j]``.
 
@@ -274,7 +269,11 @@ class _PhaseEmitter:
         self.p = spec.problem
         self.phase = schedule.phases[phase_index]
         self.index = phase_index
-        self.multi_phase = len(schedule.phases) > 1
+        self.multi_phase = len(schedule.phases) > 1 or spec.chunk_loops
+        # chunk loops: this phase's code runs as blocks y = first_block + c for its chunks c (all chunks of
+        # every irrep it holds); otherwise one block, chunks unrolled
+        self.blocks = chunk_blocks(spec, schedule)[phase_index]
+        self.first_block = sum(chunk_blocks(spec, schedule)[:phase_index])
         self.layout = node_layout(spec)
         self.seg_index = {(s.irrep, s.chunk): n for n, s in enumerate(self.phase.segments)}
         by_receiver = spec.side == "out"
@@ -287,6 +286,37 @@ class _PhaseEmitter:
             chunks = [s.chunk for s in self.phase.segments if s.irrep == side_of(path)]
             if chunks:
                 self.work.append((path, chunks))
+
+    def lane(self, seg) -> tuple[str, str | None]:
+        """The lane's channel u in the segment's irrep, and the guard of lanes without a channel (None: all have
+        one)."""
+        if not self.spec.chunk_loops:
+            u = f"{WARP * seg.chunk} + lane" if seg.chunk else "lane"
+            return u, (f"lane < {seg.lanes}" if seg.lanes < WARP else None)
+        mul = self.acc_irreps[seg.irrep][0]
+        full = mul % WARP == 0 and mul // WARP >= self.blocks
+        return "c32 + lane", (None if full else f"lane < {mul} - c32")
+
+    def lane_setup(self, L: _Lines, seg) -> tuple[str, str | None]:
+        u, ok = self.lane(seg)
+        if ok is not None:
+            why = ("this chunk of the irrep is partial or absent" if self.spec.chunk_loops else
+                   "multiplicity not a multiple of 32: last chunk is partial")
+            L(f"const bool ok = {ok};  // {why}")
+            return u, "ok"
+        return u, None
+
+    def channels(self, seg) -> str:
+        if self.spec.chunk_loops:
+            return "channels c32..c32+31"
+        return f"channels {WARP * seg.chunk}..{WARP * seg.chunk + seg.lanes - 1}"
+
+    def gy_base(self) -> str:
+        """Where this block's grad-y partial goes: one partial per block (phase, or phase and chunk)."""
+        if not self.multi_phase:
+            return "gy_out + e * D_IN2"
+        block = "(long long)blockIdx.y" if self.spec.chunk_loops else f"{self.index}LL"
+        return f"gy_out + {block} * num_edges * D_IN2 + e * D_IN2"
 
     def segment(self, irrep: int, chunk: int):
         n = self.seg_index[(irrep, chunk)]
@@ -312,13 +342,13 @@ class _PhaseEmitter:
             L("T* dst = acc_out + row * D_ACC;")
         for n, s in enumerate(self.phase.segments):
             mul = self.acc_irreps[s.irrep][0]
-            u = f"{WARP * s.chunk} + lane" if s.chunk else "lane"
+            u, ok = self.lane(s)
             cols = [_node_addr("dst", self.acc_offsets[s.irrep], mul, s.width, u, k, "mul_ir")
                     for k in range(s.width)]
             stores = [f"atomicAdd({c}, acc{n}_{k});" if mode == "atomic" else f"*({c}) = acc{n}_{k};"
                       for k, c in enumerate(cols)]
-            if s.lanes < WARP:
-                L(f"if (lane < {s.lanes}) {{")
+            if ok is not None:
+                L(f"if ({ok}) {{")
                 for st in stores:
                     L("  " + st)
                 L("}")
@@ -361,8 +391,8 @@ class _PhaseEmitter:
                             L(line)
                         for c in chunks:
                             n, seg = self.segment(path.i_out, c)
-                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
-                                u, ok = _lane_setup(L, seg)
+                            with L.block(comment=self.channels(seg)):
+                                u, ok = self.lane_setup(L, seg)
                                 L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
                                 self.x_operands(L, path, u, ok, "xr")
                                 for k in range(2 * l3 + 1):
@@ -393,8 +423,8 @@ class _PhaseEmitter:
                             L(f"T {', '.join(f'm{i}_{k} = T(0)' for i, k in supp)};  // sum_u w x_i g_k")
                         for c in chunks:
                             n, seg = self.segment(path.i_in1, c)
-                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
-                                u, ok = _lane_setup(L, seg)
+                            with L.block(comment=self.channels(seg)):
+                                u, ok = self.lane_setup(L, seg)
                                 L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
                                 if need_y or (need_w and path.has_weight):
                                     self.x_operands(L, path, u, ok, "xr")
@@ -418,9 +448,7 @@ class _PhaseEmitter:
                             for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
                                 L(line)
         if need_y:
-            base = (f"gy_out + {self.index}LL * num_edges * D_IN2 + e * D_IN2" if self.multi_phase
-                    else "gy_out + e * D_IN2")
-            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], base)
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
 
     # --- the double backward's two walks (module docstring): every term of one edge from one load of its rows
     def terms(self, path) -> "_Terms":
@@ -486,8 +514,8 @@ class _PhaseEmitter:
                         self.contractions(L, path, v, t)
                         for c in chunks:
                             n, seg = self.segment(path.i_out, c)
-                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
-                                u, ok = _lane_setup(L, seg)
+                            with L.block(comment=self.channels(seg)):
+                                u, ok = self.lane_setup(L, seg)
                                 self.lane_operands(L, path, v, t, u, ok, "xr", "ggxr")
                                 if t.a:
                                     self.mixed_x(L, path, t, "xa")
@@ -530,8 +558,8 @@ class _PhaseEmitter:
                             L(f"T {', '.join(f'm{i}_{k} = T(0)' for i, k in supp)};  // sum_u (w ggx_i + ggw x_i) g_k")
                         for c in chunks:
                             n, seg = self.segment(path.i_in1, c)
-                            with L.block(comment=f"channels {WARP * c}..{WARP * c + seg.lanes - 1}"):
-                                u, ok = _lane_setup(L, seg)
+                            with L.block(comment=self.channels(seg)):
+                                u, ok = self.lane_setup(L, seg)
                                 self.lane_operands(L, path, v, t, u, ok, "xr", "ggxr")
                                 self.g_operands(L, path, u, ok)
                                 g = lambda k: f"g{k}"  # noqa: E731
@@ -564,9 +592,7 @@ class _PhaseEmitter:
                             for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
                                 L(line)
         if write_y:
-            base = (f"gy_out + {self.index}LL * num_edges * D_IN2 + e * D_IN2" if self.multi_phase
-                    else "gy_out + e * D_IN2")
-            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], base)
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
 
     def emit(self) -> str:
         spec = self.spec
@@ -588,7 +614,13 @@ class _PhaseEmitter:
         with body.block(""):
             bodies[spec.direction](body)
         ordered = spec.variant == "det" and accumulate
+        if spec.chunk_loops:  # one case label per chunk block; c32: the block's first channel
+            labels = ": case ".join(str(self.first_block + c) for c in range(self.blocks))
+            acc_decl.lines.insert(0, f"    const int c32 = {WARP} * (int)(blockIdx.y - {self.first_block});")
+        else:
+            labels = str(self.index)
         return _template("phase.cu").substitute(
+            labels=labels,
             phase=self.index,
             segments=_segments_str(self.acc_irreps, self.phase),
             acc_decl=acc_decl.text(),
@@ -621,7 +653,15 @@ def _segments_str(irreps, phase: Phase) -> str:
 
 def schedule_for(spec: KernelSpec) -> Schedule:
     budget = spec.budget if spec.accumulates else None
-    return build_schedule(spec.problem, spec.side, budget)
+    return build_schedule(spec.problem, spec.side, budget, one_chunk=spec.chunk_loops)
+
+
+def chunk_blocks(spec: KernelSpec, schedule: Schedule) -> list[int]:
+    """Blocks along y per phase: 1, or with chunk loops the most chunks of an irrep the phase holds."""
+    if not spec.chunk_loops:
+        return [1] * len(schedule.phases)
+    irreps = spec.problem.irreps_out if spec.side == "out" else spec.problem.irreps_in1
+    return [max(-(-irreps[s.irrep][0] // WARP) for s in phase.segments) for phase in schedule.phases]
 
 
 def node_layout(spec: KernelSpec) -> str:
@@ -633,7 +673,8 @@ def node_layout(spec: KernelSpec) -> str:
 
 def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan:
     """The walk's launch contract: its arguments (the order is the kernel's parameter list, written from here),
-    which it reads in this variant, the grid (one warp per ``edges_per_warp`` edges, one y-block per phase)."""
+    which it reads in this variant, the grid (one warp per ``edges_per_warp`` edges, one y-block per phase, or
+    with chunk loops per phase and chunk: ``num_phases`` counts those blocks)."""
     p, t = spec.problem, POINTER_TYPES[spec.dtype]
     conv = spec.variant != "tp"
     by_receiver = spec.side == "out"
@@ -702,8 +743,9 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         raise NotImplementedError(reason)
     p = spec.problem
     schedule = schedule_for(spec)
-    gy_partials = len(schedule.phases) if spec.writes[1] else 0
-    walk = walk_plan(spec, len(schedule.phases), gy_partials)
+    blocks = sum(chunk_blocks(spec, schedule))  # along y: one per phase, or per phase and chunk
+    gy_partials = blocks if spec.writes[1] else 0
+    walk = walk_plan(spec, blocks, gy_partials)
     phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
     acc_width = p.dim_out if spec.side == "out" else p.dim_in1

@@ -22,7 +22,7 @@ import torch
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .layout import once_per_tensor, to_layout
-from .tuning import accumulator_budget, budget_for, edges_per_warp  # noqa: F401  (public test overrides)
+from .tuning import accumulator_budget, budget_for, chunk_loops, edges_per_warp  # noqa: F401  (public test overrides)
 from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_tp
 from .launch_plan import written
 from .walk import walk

@@ -1,10 +1,10 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
-budget) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+budget, chunk loops) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
-from .tuning import budget_for
+from .tuning import budget_for, chunk_loops_enabled
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -20,9 +20,10 @@ def problem_key(problem: TPProblem) -> str:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
-    budget = budget_for(direction, dtype)
-    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget)
+    budget, loops = budget_for(direction, dtype), chunk_loops_enabled()
+    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
+           loops)
     gm = _MODULES.get(key)
     if gm is None:
-        gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget))
+        gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops))
     return gm

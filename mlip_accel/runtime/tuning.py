@@ -26,6 +26,27 @@ MAX_EDGES_PER_WARP = 4096
 _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows between many warps
 
 
+# Chunk loops (codegen: KernelSpec.chunk_loops): a phase's code generated once for all 32-channel chunks of its
+# irreps, which the kernel visits as blocks along y, instead of unrolled per chunk. Smaller sources, shorter cold
+# compiles; off until its run time is measured on a GPU (scripts/gpu_check_double.sh times both).
+CHUNK_LOOPS = False
+_CHUNK_LOOPS_OVERRIDE: list[bool] = []
+
+
+def chunk_loops_enabled() -> bool:
+    return _CHUNK_LOOPS_OVERRIDE[-1] if _CHUNK_LOOPS_OVERRIDE else CHUNK_LOOPS
+
+
+@contextlib.contextmanager
+def chunk_loops(enabled: bool = True):
+    """Generate the tensor-product walks with (or without) chunk loops inside the block."""
+    _CHUNK_LOOPS_OVERRIDE.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _CHUNK_LOOPS_OVERRIDE.pop()
+
+
 def budget_for(direction: str, dtype: str) -> int:
     return _BUDGET_OVERRIDE.get(_OVERRIDE_KEY[direction], ACC_BUDGET[(direction, dtype)])
 

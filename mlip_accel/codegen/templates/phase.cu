@@ -1,4 +1,4 @@
-  case ${phase}: {  // phase ${phase}: ${segments}
+  case ${labels}: {  // phase ${phase}: ${segments}
 ${acc_decl}
     long long row = -1;
     bool first = true;

@@ -1,0 +1,84 @@
+"""Chunk loops (runtime.tuning.chunk_loops, codegen KernelSpec.chunk_loops: a phase's code generated once for all
+32-channel chunks, visited as blocks along y) run on the CPU through the emulator against the reference: every
+direction of the walk (batched TP, det and atomic convolution, the fused double backward), multiplicities off
+multiples of 32 and irreps of different chunk counts in one phase, fp64 and fp32."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuda_emulator
+from kernel_cases import TOL, graph, inputs, random_uvu_problem, rel_err
+from mlip_accel import reference
+from mlip_accel.codegen import KernelSpec, generate
+from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.runtime import backend as cuda
+from mlip_accel.runtime import debug
+from mlip_accel.runtime.executor import use_executor
+from test_double_backward_emulated import NAMES, composed_reference, random_gg
+
+pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu_loops"))
+
+
+@pytest.fixture
+def looped(emulator):
+    with use_executor(emulator), debug.poison(), cuda.chunk_loops():
+        yield emulator
+
+
+def _close(got, want, dtype, what):
+    for n, (a, b) in enumerate(zip(got, want)):
+        if b is None:
+            assert a is None
+            continue
+        assert rel_err(a, b) <= TOL[dtype], f"{what} output {n}: {rel_err(a, b):.3g}"
+
+
+def test_one_code_body_per_phase():
+    problem = random_uvu_problem(0)  # 70x3e+32x3o: 3 and 1 chunks
+    unrolled = generate(KernelSpec(problem, "float64", "backward", "det", budget=8))
+    looped = generate(KernelSpec(problem, "float64", "backward", "det", budget=8, chunk_loops=True))
+    assert len(looped.source) < len(unrolled.source)
+    assert looped.walk_plan.grid.grid_y == looped.gy_partials == 4  # phase 0: 3 chunks, phase 1: 1
+    assert "case 0: case 1: case 2:" in looped.source
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
+def test_conv_forward_backward_and_double_backward(looped, seed, deterministic):
+    problem = random_uvu_problem(seed)
+    dtype = torch.float64
+    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
+    dst, src = graph("hub", 9, 77, seed=seed)
+    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
+    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
+        _close((cuda.conv_forward(problem, x, y, w, dst, src, perm),),
+               (reference.conv_forward(problem, x, y, w, dst, src),), dtype, "forward")
+        _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+               reference.conv_backward(problem, x, y, w, gz, dst, src), dtype, "backward")
+        gg = random_gg(problem, x, y, w, (True, True, True), seed)
+        _close(cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm),
+               composed_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
+
+
+def test_tp_and_float32_and_default_budgets(looped):
+    problem = random_uvu_problem(4)
+    x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
+    gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
+    _close((cuda.tp_forward(problem, x, y, w),), (reference.tp_forward(problem, x, y, w),), torch.float32, "tp")
+    _close(cuda.tp_backward(problem, x, y, w, gz), reference.tp_backward(problem, x, y, w, gz), torch.float32,
+           "tp backward")
+    xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
+    dst, src = graph("isolated", 11, 70, seed=5)
+    g = sort_edges(dst, src, 11)
+    gg = random_gg(problem, xs, ys, ws, (True, False, True), 5)
+    _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
+           composed_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
+    _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
+           reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
+           torch.float32, "backward grad y")
