@@ -40,7 +40,7 @@ from mlip_accel.problem import register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import compiler, precompile
 from mlip_accel.testing import dtype_of, rel_err
-from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs, graph, inputs
+from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs, graph
 from mlip_accel.testing.timing import L2Flusher, TimingPolicy, copy_bandwidth_gbps, peak_memory_mb, time_cuda
 
 POLICY = TimingPolicy(target_s=0.3, min_reps=5, max_reps=20, warmup=2)
@@ -84,8 +84,11 @@ def cold_compile_s(problem, dtype: str) -> float:
 def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidth: float,
              loops: bool = False) -> list[dict]:
     key = register_problem(problem)
-    x, y, w, gz = inputs(problem, num_nodes, num_edges, dtype, "cuda", seed=0)
-    gg = [torch.randn_like(t) for t in (x, y, w)]
+    g = torch.Generator(device="cuda").manual_seed(0)  # made on the GPU: w of nequip-benzene is 700M numbers
+    rnd = lambda rows, cols: torch.randn(rows, cols, device="cuda", dtype=dtype, generator=g)  # noqa: E731
+    x, y, w = rnd(num_nodes, problem.dim_in1), rnd(num_edges, problem.dim_in2), rnd(num_edges, problem.weight_numel)
+    gz = rnd(num_nodes, problem.dim_out)
+    gg = [rnd(*t.shape) for t in (x, y, w)]
     dst, src = graph("random", num_nodes, num_edges, seed=0, device="cuda")
     size = torch.finfo(dtype).bits // 8
     # read x, ggx, y, ggy, w, ggw, grad_z once; write grad x, y, w, grad_z once

@@ -40,15 +40,18 @@ print('torch', torch.__version__, 'cupy', cupy.__version__, 'e3nn', e3nn.__versi
 # What the tests and timings load, compiled first in parallel processes (disk cache): the fused walks of every
 # problem of problems.json; every kernel of the timed problems (the composed path's too); their walks with chunk
 # loops.
-timeout 130 python3 scripts/double_backward_timing.py --precompile --problems "$PROBLEMS" 2>&1 | tee -a "$OUT/setup.log"
+timeout 120 python3 scripts/double_backward_timing.py --precompile --problems "$PROBLEMS" 2>&1 | tee -a "$OUT/setup.log"
 stage precompile "${PIPESTATUS[0]}"
 
-(cd tests && timeout 170 python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+(cd tests && timeout 160 python3 -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   test_double_backward_gpu.py "test_cuda_kernels.py::test_conv_double_backward_matches_reference" \
   "test_cuda_kernels.py::test_opcheck_cuda" 2>&1) | tee "$OUT/gpu_tests.log" | tail -25
 stage "gpu tests" "${PIPESTATUS[0]}"
 
 : >"$OUT/sanitizer.log"
+# once without the sanitizer: compiles the case's kernels into the disk cache and checks its results quickly
+timeout 30 python3 scripts/sanitizer_case.py --only double 2>&1 | tee -a "$OUT/sanitizer.log" | tail -2
+stage "sanitizer case (plain run)" "${PIPESTATUS[0]}"
 for tool in memcheck racecheck; do
   if command -v compute-sanitizer >/dev/null; then
     # without PyTorch's caching allocator every tensor is its own allocation: memcheck sees overruns
@@ -60,7 +63,7 @@ for tool in memcheck racecheck; do
   fi
 done
 
-timeout 150 python3 scripts/double_backward_timing.py --problems "$PROBLEMS" --chunk-loops --out "$OUT" 2>&1 \
+timeout 130 python3 scripts/double_backward_timing.py --problems "$PROBLEMS" --chunk-loops --out "$OUT" 2>&1 \
   | tee "$OUT/double_backward_timing.log" | tail -20
 stage "fused vs composed timing" "${PIPESTATUS[0]}"
 

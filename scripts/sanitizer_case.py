@@ -18,18 +18,10 @@ import torch
 
 from mlip_accel import reference
 from mlip_accel.graph import edge_orders, sort_edges
-from mlip_accel.ops import custom_ops  # noqa: F401  (registers torch.ops.mlip_accel)
-from mlip_accel.problem import register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.testing import TOL, rel_err
-from mlip_accel.testing.conv_cases import graph, inputs, random_uvu_problem
-
-
-def composed_reference(problem, x, y, w, gz, gg, dst, src):
-    """The conv's double backward composed from the reference backend's calls (the op's identity), in float64."""
-    up = [None if t is None else t.double() for t in (x, y, w, gz, *gg)]
-    return torch.ops.mlip_accel.conv_double_backward(*up, dst, src, None, None, register_problem(problem),
-                                                     "reference")
+from mlip_accel.testing.conv_cases import (double_backward_reference, graph, incoming_gradients, inputs,
+                                          random_uvu_problem)
 
 
 def double_backward_checks(problem, dtype, failures: list) -> None:
@@ -38,10 +30,9 @@ def double_backward_checks(problem, dtype, failures: list) -> None:
     given_sets = ((True, True, True), (True, False, False), (False, True, True))
     for (kind, nodes, edges), given in itertools.product(graphs, given_sets):
         x, y, w, gz = inputs(problem, nodes, edges, dtype, "cuda", seed=2)
-        gg = [torch.randn_like(t) if n else None for t, n in zip((x, y, w), given)]
+        gg = incoming_gradients(x, y, w, given, seed=2)
         dst, src = graph(kind, nodes, edges, seed=2, device="cuda")
-        want = (composed_reference(problem, x, y, w, gz, gg, dst, src) if edges else
-                tuple(torch.zeros_like(t) for t in (x, y, w, gz)))
+        want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
         for g in (sort_edges(dst, src, nodes), None):
             got = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, *edge_orders(g))
             for n, (a, b) in enumerate(zip(got, want)):

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 import cuda_emulator
-from kernel_cases import TOL, graph, inputs, random_uvu_problem, rel_err
+from kernel_cases import (TOL, double_backward_reference, graph, incoming_gradients, inputs, random_uvu_problem,
+                          rel_err)
 from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug
 from mlip_accel.runtime.executor import use_executor
-from test_double_backward_emulated import NAMES, composed_reference, random_gg
 
 pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
 
@@ -61,9 +61,9 @@ def test_conv_forward_backward_and_double_backward(looped, seed, deterministic):
                (reference.conv_forward(problem, x, y, w, dst, src),), dtype, "forward")
         _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
                reference.conv_backward(problem, x, y, w, gz, dst, src), dtype, "backward")
-        gg = random_gg(problem, x, y, w, (True, True, True), seed)
+        gg = incoming_gradients(x, y, w, (True, True, True), seed)
         _close(cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm),
-               composed_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
+               double_backward_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
 
 
 def test_tp_and_float32_and_default_budgets(looped):
@@ -76,9 +76,9 @@ def test_tp_and_float32_and_default_budgets(looped):
     xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
     dst, src = graph("isolated", 11, 70, seed=5)
     g = sort_edges(dst, src, 11)
-    gg = random_gg(problem, xs, ys, ws, (True, False, True), 5)
+    gg = incoming_gradients(xs, ys, ws, (True, False, True), 5)
     _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
-           composed_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
+           double_backward_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
     _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
            reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
            torch.float32, "backward grad y")

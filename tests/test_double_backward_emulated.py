@@ -1,7 +1,7 @@
 """The convolution's fused double backward (codegen.tensor_product: ``double_forward`` by receiver,
 ``double_backward`` by sender) run on the CPU through the emulator (cuda_emulator.py), against the composed
-identity on the reference backend (ops.custom_ops._double_backward, itself checked by gradgradcheck in
-test_ops_autograd.py).
+identity on the reference backend (testing.conv_cases.double_backward_reference: ops.custom_ops._double_backward,
+itself checked by gradgradcheck in test_ops_autograd.py).
 
 Same backend code path as on a GPU (validation, layouts, schedules, walks, flushes, fixup, grad-y partials),
 every fully-written output NaN-poisoned before launch. Small register budgets and tiny edge chunks force
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import cuda_emulator
-from kernel_cases import TOL, channelwise, graph, inputs, random_uvu_problem, rel_err
-from mlip_accel import reference
+from kernel_cases import (TOL, channelwise, double_backward_reference, graph, incoming_gradients, inputs,
+                          random_uvu_problem, rel_err)
 from mlip_accel.graph import edge_orders, sort_edges
-from mlip_accel.ops import backends, custom_ops
+from mlip_accel.ops import backends
 from mlip_accel.problem import describe, register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug
@@ -39,36 +39,14 @@ def emulated(emulator):
         yield emulator
 
 
-def composed_reference(problem, x, y, w, gz, gg, dst, src):
-    """The double backward composed from the reference backend's forward and backward calls (float64)."""
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    x, y, w, gz = (up(t) for t in (x, y, w, gz))
-    gg = [up(t) for t in gg]
-    if y.shape[0] == 0:  # no edges: every term is zero (the reference does not take empty batches)
-        return tuple(torch.zeros_like(t) for t in (x, y, w, gz))
-
-    def calls(p):
-        if p is None:
-            return None, None
-        return (lambda a, b, c: reference.conv_forward(p, a, b, c, dst, src),
-                lambda a, b, c, g, need: reference.conv_backward(p, a, b, c, g, dst, src, None, need))
-    return custom_ops._double_backward(*calls(problem), x, y, w, gz, *gg, *calls(problem.weighted_part))
-
-
-def random_gg(problem, x, y, w, given, seed):
-    g = torch.Generator().manual_seed(1000 + seed)
-    return [torch.randn(t.shape, generator=g, dtype=torch.float64).to(t.dtype) if n else None
-            for t, n in zip((x, y, w), given)]
-
-
 def check(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, given=(True, True, True)):
     """Fused double backward vs the composed reference; returns the fused outputs."""
     x, y, w, gz = inputs(problem, num_nodes, num_edges, dtype, seed=seed)
     dst, src = graph(kind, num_nodes, num_edges, seed=seed)
     perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
-    gg = random_gg(problem, x, y, w, given, seed)
+    gg = incoming_gradients(x, y, w, given, seed)
     got = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm)
-    want = composed_reference(problem, x, y, w, gz, gg, dst, src)
+    want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
     for name, a, b, like in zip(NAMES, got, want, (x, y, w, gz)):
         assert a.shape == like.shape and a.dtype == dtype, name
         err = rel_err(a, b)
@@ -112,7 +90,7 @@ def test_deterministic_mode_is_bitwise_reproducible(emulated):
     x, y, w, gz = inputs(problem, 7, 90, torch.float32, seed=3)
     dst, src = graph("hub", 7, 90, seed=3)
     g = sort_edges(dst, src, 7)
-    gg = random_gg(problem, x, y, w, (True, True, True), 3)
+    gg = incoming_gradients(x, y, w, (True, True, True), 3)
     with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(4):
         first = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, g.perm, g.transpose_perm)
         for _ in range(2):
@@ -136,7 +114,7 @@ def test_two_walks_and_their_plans(emulated):
     x, y, w, gz = inputs(problem, 6, 40, torch.float64, seed=5)
     dst, src = graph("random", 6, 40, seed=5)
     orders = edge_orders(sort_edges(dst, src, 6))
-    gg = random_gg(problem, x, y, w, (True, True, True), 5)
+    gg = incoming_gradients(x, y, w, (True, True, True), 5)
     op = torch.ops.mlip_accel.conv_double_backward
     before = len(emulated.launches)
     fused = op(x, y, w, gz, *gg, dst, src, *orders, key, "cuda")

@@ -8,10 +8,10 @@ import zlib
 import pytest
 import torch
 
-from kernel_cases import TOL, bench_problem, bench_problem_specs, graph, inputs, random_uvu_problem, rel_err
-from mlip_accel import reference
+from kernel_cases import (TOL, bench_problem, bench_problem_specs, double_backward_reference, graph, incoming_gradients,
+                          inputs, random_uvu_problem, rel_err)
 from mlip_accel.graph import edge_orders, sort_edges
-from mlip_accel.ops import backends, custom_ops
+from mlip_accel.ops import backends
 from mlip_accel.problem import register_problem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug
@@ -30,36 +30,17 @@ def poisoned():
         yield
 
 
-def composed_reference(problem, x, y, w, gz, gg, dst, src):
-    """The composed identity on the reference backend, in float64."""
-    up = lambda t: None if t is None else t.double()  # noqa: E731
-    x, y, w, gz = (up(t) for t in (x, y, w, gz))
-    gg = [up(t) for t in gg]
-    if y.shape[0] == 0:  # no edges: zeros (the reference does not take empty batches)
-        return tuple(torch.zeros_like(t) for t in (x, y, w, gz))
-
-    def calls(p):
-        if p is None:
-            return None, None
-        return (lambda a, b, c: reference.conv_forward(p, a, b, c, dst, src),
-                lambda a, b, c, g, need: reference.conv_backward(p, a, b, c, g, dst, src, None, need))
-    return custom_ops._double_backward(*calls(problem), x, y, w, gz, *gg, *calls(problem.weighted_part))
-
-
 def case(problem, dtype, kind, num_nodes, num_edges, seed, given=(True, True, True)):
     x, y, w, gz = inputs(problem, num_nodes, num_edges, dtype, DEV, seed=seed)
     dst, src = graph(kind, num_nodes, num_edges, seed=seed, device=DEV)
-    g = torch.Generator().manual_seed(1000 + seed)
-    gg = [torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=DEV) if n else None
-          for t, n in zip((x, y, w), given)]
-    return x, y, w, gz, gg, dst, src
+    return x, y, w, gz, incoming_gradients(x, y, w, given, seed), dst, src
 
 
 def check(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, given=(True, True, True)):
     x, y, w, gz, gg, dst, src = case(problem, dtype, kind, num_nodes, num_edges, seed, given)
     perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
     got = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm)
-    want = composed_reference(problem, x, y, w, gz, gg, dst, src)
+    want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
     for name, a, b, like in zip(NAMES, got, want, (x, y, w, gz)):
         assert a.shape == like.shape and a.dtype == dtype and a.device.type == "cuda", name
         err = rel_err(a, b)
@@ -74,7 +55,7 @@ def test_bench_problem(name, dtype, deterministic):
     check(problem, dtype, "random", 64, 3000, zlib.crc32(name.encode()) % 1000, deterministic)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
 def test_random_problems_multiphase_split_rows(seed, dtype):
     problem = random_uvu_problem(200 + seed)

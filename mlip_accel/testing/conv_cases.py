@@ -108,3 +108,32 @@ def channelwise(in1: str, in2: str, lmax: int = 3) -> TPProblem:
     target = "+".join(f"1x{l}{p}" for l in range(lmax + 1) for p in "eo")
     i1, out, ins = channelwise_problem(in1, in2, target)
     return describe(i1, in2, out, ins, shared_weights=False, internal_weights=False)
+
+
+def incoming_gradients(x, y, w, given=(True, True, True), seed: int = 0) -> list:
+    """Random incoming gradients (ggx, ggy, ggw) of a double backward, shaped, typed and placed as x, y, w; None
+    where ``given`` says absent."""
+    g = torch.Generator().manual_seed(1000 + seed)
+    return [torch.randn(t.shape, generator=g, dtype=torch.float64).to(dtype=t.dtype, device=t.device) if n else None
+            for t, n in zip((x, y, w), given)]
+
+
+def double_backward_reference(problem: TPProblem, x, y, w, grad_z, gg, edge_dst, edge_src) -> tuple:
+    """The conv's double backward (grads of x, y, w, grad_z) composed from the reference backend's forward and
+    backward calls by the identity of ops.custom_ops, in float64; zeros without edges (the reference takes no
+    empty batches). ``gg``: (ggx, ggy, ggw), None where absent."""
+    from mlip_accel import reference
+    from mlip_accel.ops.custom_ops import _double_backward
+
+    up = lambda t: None if t is None else t.double()  # noqa: E731
+    x, y, w, grad_z = (up(t) for t in (x, y, w, grad_z))
+    gg = [up(t) for t in gg]
+    if y.shape[0] == 0:
+        return tuple(torch.zeros_like(t) for t in (x, y, w, grad_z))
+
+    def calls(p):
+        if p is None:
+            return None, None
+        return (lambda a, b, c: reference.conv_forward(p, a, b, c, edge_dst, edge_src),
+                lambda a, b, c, gz, need: reference.conv_backward(p, a, b, c, gz, edge_dst, edge_src, None, need))
+    return _double_backward(*calls(problem), x, y, w, grad_z, *gg, *calls(problem.weighted_part))
