@@ -36,15 +36,21 @@ class AcceleratedCalculator(Calculator):
     each evaluation as a CUDA graph. ``pad_edges``: pad the neighbour list with inert edges to an edge
     capacity (default: whenever graphs are on; also works on the CPU). ``num_edges``: real edges of the last
     call; ``edge_capacity``: edges the model was called with after padding.
+
+    ``neighbor_skin`` (Å, default 0: a new list every call): build the neighbour list within r_max + skin and
+    reuse it until some atom has moved more than skin/2 (:class:`~.neighbors.NeighborList`); the extra edges
+    beyond r_max contribute exact zeros, so results are those without a skin. ``num_edges`` then counts the
+    list's edges up to r_max + skin; ``neighbor_list.builds`` how many lists were built.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
-    def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None, **kwargs):
+    def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None,
+                 neighbor_skin: float = 0.0, **kwargs):
         require("vesin", "mlip_accel's AcceleratedCalculator (neighbour lists)")
         super().__init__(**kwargs)
         self.potential = potential
-        self.neighbor_list = NeighborList(potential.r_max, potential.device)
+        self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin)
         self.evaluator = StepEvaluator(potential, cuda_graphs=cuda_graphs, pad_edges=pad_edges)
         self.num_edges = 0
         self._inputs_cache = None  # (numbers, types on the device, cell, cell on the device)
