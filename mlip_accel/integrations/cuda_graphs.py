@@ -391,6 +391,8 @@ class StepEvaluator:
         call (saves a copy per output where the caller reads them at once, as the ASE calculator does).
         A ``cell`` or ``types`` tensor passed again unedited is not copied into the graph again: edit them
         through torch (which counts in-place edits), not through DLPack/CuPy views, or pass new tensors."""
+        if isinstance(pbc, torch.Tensor):  # three booleans are expected; a tensor is read once here
+            pbc = pbc.cpu().numpy()
         pbc = tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
         periodic = any(pbc)
         self.num_edges = neighbors.num_edges
