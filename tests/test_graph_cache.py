@@ -32,8 +32,10 @@ from mlip_accel.testing.structures import two_element_structures  # noqa: E402
 
 RELATIVE = 1e-12
 # torch operations of one ASE call outside the model evaluation, CPU, padded list (measured: 16 in every
-# structure; 39 before the host work was cut). An upper bound on operations, not a time.
+# structure, 39 before the host work was cut; 7 when a skin lets the call reuse the neighbour list and its
+# padding). Upper bounds on operations, not times.
 MAX_HOST_OPS_PER_CALL = 18
+MAX_HOST_OPS_PER_CALL_REUSED_LIST = 8
 
 
 def report(**values):
@@ -77,7 +79,7 @@ class _RecordingCache(CG.GraphCache):
         super().__init__(*args, **kwargs)
         self.asked = []
 
-    def run(self, positions, cell, types, neighbors, with_cell, stress, copy_outputs=True):
+    def run(self, positions, cell, types, neighbors, with_cell, stress, copy_outputs=True, own_edges=False):
         if not self.fits(neighbors.num_edges):
             return None
         self.asked.append(neighbors.num_edges)
@@ -164,7 +166,11 @@ def test_host_operations_per_ase_call_are_bounded(name):
             counts.append(ops.total)
             assert "_local_scalar_dense" not in ops.counts, dict(ops.counts)
         report(test="host_ops_per_call", structure=name, skin=skin, ops=counts[-1])
-        assert max(counts) <= MAX_HOST_OPS_PER_CALL, (counts, dict(ops.counts))
+        bound = MAX_HOST_OPS_PER_CALL
+        if skin:
+            assert calc.neighbor_list.builds == 1  # moved 0.006 A in all: the list was reused
+            bound = MAX_HOST_OPS_PER_CALL_REUSED_LIST
+        assert max(counts) <= bound, (counts, dict(ops.counts))
         assert "compute" not in vars(calc.potential)  # the counter put the method back
 
 

@@ -208,9 +208,11 @@ class GraphCache:
             pass
 
     def run(self, positions, cell, types, neighbors: Neighbors, with_cell: bool, stress: bool,
-            copy_outputs: bool = True) -> dict | None:
+            copy_outputs: bool = True, own_edges: bool = False) -> dict | None:
         """The evaluation replayed from a graph, or None: run it eagerly instead. ``copy_outputs=False``:
-        the graph's own output tensors, overwritten by its next replay (for a caller that reads them at once)."""
+        the graph's own output tensors, overwritten by its next replay (for a caller that reads them at once).
+        ``own_edges``: the edge tensors are the caller's own (no one else writes them), so the same unedited
+        tensors as the last replay need no copy."""
         if self.disabled is not None or not self.fits(neighbors.num_edges):
             return None
         if self._tensors.model is not self.potential.model:  # the potential got another model object
@@ -234,14 +236,15 @@ class GraphCache:
             sources = {"positions": positions, "cell": cell, "types": types, "receivers": neighbors.receivers,
                        "senders": neighbors.senders, "unit_shifts": neighbors.unit_shifts}
             with torch.no_grad():
+                kept = _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ())
                 for name, source in sources.items():
                     # the cell and types already in the buffer (the same tensor, unedited since: an MD run's
-                    # fixed cell and types) are not copied again; positions and edges always are
+                    # fixed cell and types), and the evaluator's own padded edges of a reused neighbour list,
+                    # are not copied again; positions always are
                     seen = entry.sources.get(name)
                     if seen is None or seen[0] is not source or seen[1] != _version(source):
                         entry.inputs[name].copy_(source)
-                        if name in _KEPT_INPUTS:
-                            entry.sources[name] = (source, _version(source))
+                        entry.sources[name] = (source, _version(source)) if name in kept else None
         entry.graph.replay()
         self.replays += 1
         if not copy_outputs:
@@ -309,8 +312,10 @@ class GraphCache:
                       sources={name: (sources[name], _version(sources[name])) for name in _KEPT_INPUTS})
 
 
-# inputs whose buffer copy is skipped when the caller passes the same, unedited tensor again (StepEvaluator)
+# inputs whose buffer copy is skipped when the caller passes the same, unedited tensor again (StepEvaluator);
+# the edges only when they are the evaluator's own padded tensors (a neighbour list reused with a skin)
 _KEPT_INPUTS = ("cell", "types")
+_EDGE_INPUTS = ("receivers", "senders", "unit_shifts")
 
 
 def _version(t: torch.Tensor):
@@ -363,6 +368,7 @@ class StepEvaluator:
         self.edge_capacity = 0
         self._padding_key = self._padding_value = None
         self._tail = None
+        self._padded = None  # (neighbors, shift, capacity, versions, padded Neighbors) of the last padding
 
     @property
     def cuda_graphs(self) -> bool:
@@ -389,8 +395,9 @@ class StepEvaluator:
         Returns device tensors ``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3), ``stress`` (3, 3).
         ``copy_outputs=False``: a replayed graph's results may be its own output buffers, valid until the next
         call (saves a copy per output where the caller reads them at once, as the ASE calculator does).
-        A ``cell`` or ``types`` tensor passed again unedited is not copied into the graph again: edit them
-        through torch (which counts in-place edits), not through DLPack/CuPy views, or pass new tensors."""
+        A ``cell``, ``types`` or ``neighbors`` passed again unedited (the same tensors, the same Neighbors) is
+        not copied into the graph or padded again: edit them through torch (which counts in-place edits), not
+        through DLPack/CuPy views, or pass new tensors."""
         if isinstance(pbc, torch.Tensor):  # three booleans are expected; a tensor is read once here
             pbc = pbc.cpu().numpy()
         pbc = tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
@@ -407,11 +414,18 @@ class StepEvaluator:
         extra, num_atoms = capacity - neighbors.num_edges, positions.shape[0]
         if extra and (self._tail is None or not self._tail.fits(extra, num_atoms, shift)):
             self._tail = PaddingTail(capacity, num_atoms, shift, positions.device)
-        padded = pad_neighbors(neighbors, capacity, num_atoms, shift, tail=self._tail)
+        # a neighbour list reused (a skin) at the same capacity is padded once: the same padded tensors
+        versions = tuple(_version(t) for t in (neighbors.receivers, neighbors.senders, neighbors.unit_shifts))
+        last = self._padded  # (neighbors, shift, capacity, versions, padded) of the last padding made
+        if last is not None and last[0] is neighbors and last[1] is shift and last[2:4] == (capacity, versions):
+            padded = last[4]
+        else:
+            padded = pad_neighbors(neighbors, capacity, num_atoms, shift, tail=self._tail)
+            self._padded = (neighbors, shift, capacity, versions, padded) if padded is not neighbors else None
         self.edge_capacity = capacity
         if self.graphs is not None:
             out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress,
-                                  copy_outputs=copy_outputs)
+                                  copy_outputs=copy_outputs, own_edges=padded is not neighbors)
             if out is not None:
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
