@@ -106,9 +106,8 @@ def run(args) -> dict:
     workdir = tempfile.mkdtemp(prefix="bench_md_sweep_")
     for dtype_name in args.dtypes:
         base = {"mace": bench_md.build_mace, "nequip": bench_md.build_nequip}[args.framework](dtype_of(dtype_name))
-        potentials = {"e3nn": potential_from_model(bench_md.variant(args.framework, "e3nn", base, device), device=device),
-                      "mlip_accel": potential_from_model(bench_md.variant(args.framework, "mlip_accel", base, device),
-                                                         device=device)}
+        potentials = {impl: potential_from_model(bench_md.variant(args.framework, impl, base, device), device=device)
+                      for impl in ("e3nn", "mlip_accel")}
         symx, symx_status = None, None
         if args.framework == "mace" and "symmetrix" in args.impls:
             try:
@@ -205,7 +204,8 @@ def ase_cases(args, head, pos, cell, pbc, potentials, symx, symx_status, device,
         if impl == "symmetrix":
             calc = symx
         else:
-            calc = AcceleratedCalculator(potentials["mlip_accel"], cuda_graphs="auto" if device.type == "cuda" else False,
+            graphs = "auto" if device.type == "cuda" else False
+            calc = AcceleratedCalculator(potentials["mlip_accel"], cuda_graphs=graphs,
                                          neighbor_skin=SKIN if impl == "ase_auto_skin" else 0.0)
         atoms = ase_atoms(pos, cell, pbc)
         atoms.calc = calc
@@ -263,7 +263,8 @@ def markdown(parts: list) -> str:
                 any_case = next(c for c in part["cases"] if c["graph"] == g)
                 ms = lambda c: f"{c['ms']:.2f}" if c else "-"  # noqa: E731
                 ratio = lambda a, b: f"{b['ms'] / a['ms']:.2f}x" if a and b else "-"  # noqa: E731
-                err = lambda c: f"{c['force_rel_err_vs_e3nn']:.1e}" if c and "force_rel_err_vs_e3nn" in c else "-"  # noqa: E731
+                err = lambda c: (f"{c['force_rel_err_vs_e3nn']:.1e}"  # noqa: E731
+                                 if c and "force_rel_err_vs_e3nn" in c else "-")
                 e3, ea, au, fo, a1, a2, sx = row
                 lines.append(f"| {g} | {any_case['atoms']} | {any_case['edges']} | {ms(e3)} | {ms(ea)} | {ms(au)} "
                              f"| {ms(fo)} | {ratio(au, ea)} | {ratio(fo, ea)} | {ms(a1)} | {ms(a2)} | {ms(sx)} "

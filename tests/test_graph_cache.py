@@ -359,8 +359,8 @@ def test_graphs_share_one_memory_pool():
         for got, want in zip(outs, wants):
             for key in ("energy", "forces"):
                 assert rel(got[key].cpu(), want[key].cpu()) <= 1e-5, key
-    report(test="shared_pool", shared_reserved_mib=shared_growth / 2 ** 20, private_reserved_mib=private_growth / 2 ** 20,
-           shared_nbytes_mib=shared.graphs.nbytes / 2 ** 20, private_nbytes_mib=private_mib, graphs=len(shared.graphs))
+    report(test="shared_pool", shared_reserved_mib=shared_growth / 2 ** 20,
+           private_reserved_mib=private_growth / 2 ** 20, shared_nbytes_mib=shared.graphs.nbytes / 2 ** 20, private_nbytes_mib=private_mib, graphs=len(shared.graphs))
     assert shared.graphs.nbytes > 0
     assert shared_growth < private_growth
     # replays in any order after the captures give each structure its own results

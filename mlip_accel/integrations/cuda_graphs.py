@@ -26,10 +26,12 @@ and outputs stay allocated, so no replay overwrites another graph's live data).
 With ``cuda_graphs="auto"`` graphs switch themselves off for lists above :data:`DEFAULT_AUTO_MAX_EDGES`
 padded edges, where the eager step is bound by the GPU and a graph would only add the padding's work: those
 steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps graphs up to
-:data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond). A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is
-noticed through its parameters' storage addresses and version counters and captured again. Where a
-capture fails (out of memory, an operation that needs the host), the evaluation runs eagerly from then
-on, after one warning that says why.
+:data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond).
+
+A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is noticed through
+its parameters' storage addresses and version counters and captured again. Where a capture fails (out of
+memory, an operation that needs the host), the evaluation runs eagerly from then on, after one warning that
+says why.
 """
 from __future__ import annotations
 
@@ -368,7 +370,7 @@ class StepEvaluator:
         self.edge_capacity = 0
         self._padding_key = self._padding_value = None
         self._tail = None
-        self._padded = None  # (neighbors, shift, capacity, versions, padded Neighbors) of the last padding
+        self._padded = None  # the last padding made (see __call__), reused for the same unedited list
 
     @property
     def cuda_graphs(self) -> bool:
@@ -416,12 +418,14 @@ class StepEvaluator:
             self._tail = PaddingTail(capacity, num_atoms, shift, positions.device)
         # a neighbour list reused (a skin) at the same capacity is padded once: the same padded tensors
         versions = tuple(_version(t) for t in (neighbors.receivers, neighbors.senders, neighbors.unit_shifts))
-        last = self._padded  # (neighbors, shift, capacity, versions, padded) of the last padding made
-        if last is not None and last[0] is neighbors and last[1] is shift and last[2:4] == (capacity, versions):
-            padded = last[4]
+        last = self._padded  # (neighbors, shift, (capacity, atoms, versions), padded) of the last padding made
+        same = (capacity, num_atoms, versions)
+        if last is not None and last[0] is neighbors and last[1] is shift and last[2] == same:
+            padded = last[3]
         else:
             padded = pad_neighbors(neighbors, capacity, num_atoms, shift, tail=self._tail)
-            self._padded = (neighbors, shift, capacity, versions, padded) if padded is not neighbors else None
+            self._padded = ((neighbors, shift, (capacity, num_atoms, versions), padded)
+                            if padded is not neighbors else None)
         self.edge_capacity = capacity
         if self.graphs is not None:
             out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress,
