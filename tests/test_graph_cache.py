@@ -27,6 +27,7 @@ from mlip_accel.integrations import cuda_graphs as CG  # noqa: E402
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.errors import InputError  # noqa: E402
 from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
+from mlip_accel.integrations.padding import EdgeCapacity  # noqa: E402
 from mlip_accel.testing.op_count import OpCounter  # noqa: E402
 from mlip_accel.testing.structures import two_element_structures  # noqa: E402
 
@@ -144,6 +145,107 @@ def test_step_evaluator_limits_by_mode():
     assert CG.StepEvaluator(Fake(), cuda_graphs=False).graphs is None
     with pytest.raises(InputError, match="needs a CUDA device"):
         CG.StepEvaluator(Fake(), cuda_graphs=True)
+
+
+class _ReplayByRunning:
+    """Stands in for a CUDA graph on a CPU: a replay runs the evaluation on the static input buffers and writes
+    the static outputs, as a real replay would."""
+
+    def __init__(self, step, outputs):
+        self.step, self.outputs = step, outputs
+
+    def replay(self):
+        for key, value in self.step().items():
+            self.outputs[key].copy_(value)
+
+    def reset(self):
+        pass
+
+
+class _CpuGraphCache(CG.GraphCache):
+    """The graph cache with its CUDA capture replaced (_record): everything else, which inputs are copied into
+    the static buffers and when, which graph is replayed, runs as on a GPU."""
+
+    def _record(self, step, inputs, device):
+        outputs = step()
+        return _ReplayByRunning(step, outputs), outputs, 0
+
+
+def _cpu_graphed(calc):
+    evaluator = calc.evaluator
+    evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
+    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
+    return evaluator.graphs
+
+
+@pytest.mark.nequip
+@pytest.mark.parametrize("skin", [0.0, 0.5])
+def test_graph_cache_input_buffers_never_go_stale(skin):
+    """An MD run through the graph cache's bookkeeping (inputs copied into static buffers, copies skipped for an
+    unchanged cell, types and reused padded list, replays of the right graph) gives the eager results at every
+    step, through a cell change, a type change and a capacity growth."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    from mlip_accel.integrations.md import initial_velocities
+
+    model = nequip_model()
+    eager = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference", pad_edges=False)
+    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                               neighbor_skin=skin)
+    cache = _cpu_graphed(graphed)
+    graphed.evaluator.capacity = EdgeCapacity(headroom=1.0, growth=1.05)  # any new edge grows it
+    atoms = two_element_structures("Cu", "Ag")["cell"].copy()
+    atoms.calc = eager
+    initial_velocities(atoms, 2000.0, seed=5)
+    worst = []
+
+    def compare():
+        other = atoms.copy()
+        other.calc = graphed
+        for prop in ("get_forces", "get_stress", "get_potential_energy"):
+            worst.append(rel(getattr(other, prop)(), getattr(atoms, prop)()))
+
+    dyn = VelocityVerlet(atoms, 2.0 * units.fs)
+    dyn.attach(compare, interval=1)
+    dyn.run(4)
+    atoms.set_cell(atoms.cell * 0.95, scale_atoms=True)  # a new cell, more edges: capacity grows
+    dyn.run(3)
+    atoms.symbols[0] = "Ag" if atoms.symbols[0] == "Cu" else "Cu"  # new types, same atom count
+    dyn.run(3)
+    assert max(worst) <= RELATIVE, max(worst)
+    assert cache.captures >= 2 and cache.replays > cache.captures
+    assert graphed.evaluator.capacity.grown >= 1
+
+
+@pytest.mark.nequip
+def test_step_evaluator_sees_in_place_edits_through_torch():
+    """The documented API: the same cell and neighbour tensors edited in place (torch counts the edit) are
+    copied again, never replayed stale; copy_outputs=False hands out the graph's own outputs."""
+    calc = AcceleratedCalculator.from_model(nequip_model(), device="cpu", backend="reference", pad_edges=False)
+    atoms = two_element_structures("Cu", "Ag")["cell"]
+    positions, cell, pbc, types, neighbors = _inputs(calc, atoms)
+    evaluator = CG.StepEvaluator(calc.potential, cuda_graphs=False)
+    evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
+    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
+    first = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    again = evaluator(positions, cell, pbc, types, neighbors, stress=True, copy_outputs=False)
+    assert evaluator.graphs.replays == 2 and rel(again["forces"], first["forces"]) <= RELATIVE
+    assert again["forces"] is evaluator.graphs._graphs[next(iter(evaluator.graphs._graphs))].outputs["forces"]
+    with torch.no_grad():
+        cell.mul_(1.01)  # strained in place: same tensor, new version
+        positions.mul_(1.01)
+    want = calc.evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    got = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    assert evaluator.graphs.replays == 3
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+    with torch.no_grad():
+        types[0] = 1 - types[0]  # another element, in place
+    want = calc.evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    got = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
 
 
 # ------------------------------------------------------------------------------------ host work per call

@@ -273,28 +273,8 @@ class GraphCache:
             return self.potential.compute(inputs["positions"], inputs["cell"], inputs["types"], static,
                                           with_cell=with_cell, stress=stress)
 
-        before = torch.cuda.memory_allocated(device)
         try:
-            # Warm-up on a side stream, as torch.cuda.graph asks: it also validates the inputs (index ranges,
-            # which the ops skip while capturing) and compiles kernels before the capture.
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_CALLS):
-                    step()
-            torch.cuda.current_stream(device).wait_stream(side)
-            if self._tensors.fingerprint() != self._fingerprint:
-                raise RuntimeError("the model edits its own parameters or buffers when it runs")
-            with torch.no_grad():
-                # a new version of the edge buffers: the model's one-entry edge-sort cache (mlip_accel.graph) must
-                # miss, so that the sort is captured, not its warm-up result baked into the graph
-                inputs["receivers"].add_(0)
-                inputs["senders"].add_(0)
-            graph = torch.cuda.CUDAGraph()
-            if self.shared_pool and self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self._pool if self.shared_pool else None):
-                outputs = step()
+            graph, outputs, nbytes = self._record(step, inputs, device)
         except Exception as err:  # out of memory, an op that syncs with the host, a framework path we can't capture
             self.disabled = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             warnings.warn(f"mlip_accel: CUDA graph capture failed ({self.disabled}); this model runs without CUDA "
@@ -302,6 +282,33 @@ class GraphCache:
             self.clear()
             return None
         self.captures += 1
+        return _Graph(graph=graph, inputs=inputs, outputs=outputs, nbytes=nbytes,
+                      sources={name: (sources[name], _version(sources[name])) for name in _KEPT_INPUTS})
+
+    def _record(self, step, inputs: dict, device) -> tuple:
+        """(graph, its output tensors, device bytes it added): ``step`` warmed up and captured on ``device``
+        (the CUDA-only part of a capture; tests replace it to check the cache's bookkeeping on a CPU)."""
+        before = torch.cuda.memory_allocated(device)
+        # Warm-up on a side stream, as torch.cuda.graph asks: it also validates the inputs (index ranges,
+        # which the ops skip while capturing) and compiles kernels before the capture.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._tensors.fingerprint() != self._fingerprint:
+            raise RuntimeError("the model edits its own parameters or buffers when it runs")
+        with torch.no_grad():
+            # a new version of the edge buffers: the model's one-entry edge-sort cache (mlip_accel.graph) must
+            # miss, so that the sort is captured, not its warm-up result baked into the graph
+            inputs["receivers"].add_(0)
+            inputs["senders"].add_(0)
+        graph = torch.cuda.CUDAGraph()
+        if self.shared_pool and self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool if self.shared_pool else None):
+            outputs = step()
         # the graph's pool stays reserved for its replays; where torch cannot say its size, count what the
         # capture left allocated (its outputs and the intermediates it keeps). Shared pool: the entry counts
         # what the pool grew by at this capture, the cache reports the whole pool.
@@ -310,8 +317,7 @@ class GraphCache:
             or max(0, torch.cuda.memory_allocated(device) - before)
         if self.shared_pool:
             self._pool_nbytes = pool_now
-        return _Graph(graph=graph, inputs=inputs, outputs=outputs, nbytes=nbytes,
-                      sources={name: (sources[name], _version(sources[name])) for name in _KEPT_INPUTS})
+        return graph, outputs, nbytes
 
 
 # inputs whose buffer copy is skipped when the caller passes the same, unedited tensor again (StepEvaluator);
