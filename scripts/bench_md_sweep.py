@@ -91,7 +91,9 @@ def ase_atoms(pos, cell, pbc):
     return Atoms(numbers=[6] * len(pos), positions=pos, cell=cell, pbc=pbc)
 
 
-def run(args) -> dict:
+def run(args, save=None) -> dict:
+    """The cases of one framework; ``save(result)`` is called after every structure (a partial result survives
+    a run killed by its time limit)."""
     import bench_md
     from bench_graphs import build_graph
 
@@ -136,6 +138,9 @@ def run(args) -> dict:
                 if impl == "forced" and not on_gpu:
                     case["status"] = "skipped: no GPU"
                     continue
+                if impl == "e3nn" and head["atoms"] > args.e3nn_max_atoms:
+                    case["status"] = f"skipped: above --e3nn-max-atoms {args.e3nn_max_atoms}"
+                    continue
                 if impl == "forced" and head["atoms"] > args.forced_max_atoms:
                     case["status"] = f"skipped: above --forced-max-atoms {args.forced_max_atoms}"
                     continue
@@ -167,14 +172,28 @@ def run(args) -> dict:
                 _print(case)
             ase_cases(args, head, pos, cell, pbc, potentials, symx, symx_status, device, t_start, cases,
                       AcceleratedCalculator)
+            if save is not None:
+                save(_result(args, device, t_start, cases, DEFAULT_AUTO_MAX_EDGES, partial=True))
         del potentials, symx
         _free(device)
+    return _result(args, device, t_start, cases, DEFAULT_AUTO_MAX_EDGES, partial=False)
+
+
+def _result(args, device, t_start, cases, auto_max_edges, partial: bool) -> dict:
+    import bench_md
     from bench_peers import versions
 
+    found = versions()
+    try:
+        from importlib.metadata import version
+
+        found["symmetrix-xl"] = version("symmetrix-xl")
+    except Exception:  # not installed
+        pass
     return {"framework": args.framework, "model": bench_md.MODEL_INFO[args.framework],
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu", "versions": versions(),
-            "auto_max_edges": DEFAULT_AUTO_MAX_EDGES, "seconds": round(time.perf_counter() - t_start, 1),
-            "cases": cases}
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "versions": found,
+            "auto_max_edges": auto_max_edges, "seconds": round(time.perf_counter() - t_start, 1),
+            "partial": partial, "cases": list(cases)}
 
 
 def ase_cases(args, head, pos, cell, pbc, potentials, symx, symx_status, device, t_start, cases,
@@ -185,6 +204,8 @@ def ase_cases(args, head, pos, cell, pbc, potentials, symx, symx_status, device,
     rng = np.random.default_rng(0)
     reference = None
     try:  # the e3nn ASE call of the unmoved structure: each implementation's force error (untimed)
+        if head["atoms"] > args.e3nn_max_atoms:
+            raise RuntimeError(f"not run above --e3nn-max-atoms {args.e3nn_max_atoms}")
         ref_calc = AcceleratedCalculator(potentials["e3nn"], cuda_graphs=False)
         atoms = ase_atoms(pos, cell, pbc)
         atoms.calc = ref_calc
@@ -283,6 +304,8 @@ def main(argv=None) -> int:
                         help="diamond cells per axis (the 32-atom cluster always runs)")
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "float64"), default=["float32", "float64"])
     parser.add_argument("--impls", nargs="+", choices=STEP_IMPLS + ASE_IMPLS, default=list(STEP_IMPLS + ASE_IMPLS))
+    parser.add_argument("--e3nn-max-atoms", type=int, default=3000,
+                        help="e3nn (step and force reference) only up to this size (scripts/bench_md.py has it beyond)")
     parser.add_argument("--forced-max-atoms", type=int, default=3000,
                         help="forced graphs only up to this size (a 1000-atom graph holds 5-8 GiB)")
     parser.add_argument("--min-seconds", type=float, default=0.3)
@@ -303,10 +326,14 @@ def main(argv=None) -> int:
         return 0
     if args.framework is None:
         parser.error("--framework or --merge is required")
-    result = run(args)
-    name = f"bench_md_sweep.{args.framework}.{'-'.join(args.dtypes)}.json"
-    with open(os.path.join(args.out, name), "w") as f:
-        json.dump(result, f, indent=1)
+    path = os.path.join(args.out, f"bench_md_sweep.{args.framework}.{'-'.join(args.dtypes)}.json")
+
+    def save(result):
+        with open(path + ".part", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(path + ".part", path)
+
+    save(run(args, save))
     return 0
 
 
