@@ -101,10 +101,10 @@ class AcceleratedCalculator(Calculator):
         if len(atoms) == 0:
             raise InputError("the structure has no atoms")
         positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
+        types, cell_t = self._device_inputs(atoms.numbers, cell)  # unknown elements fail here, first
         neighbors = self.neighbor_list(positions, cell, pbc)
         self.num_edges = neighbors.num_edges
         want_stress = "stress" in properties
-        types, cell_t = self._device_inputs(atoms.numbers, cell)
         positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
         # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
         result = evaluation(self.evaluator(positions_t, cell_t, pbc, types, neighbors, copy_outputs=False,
