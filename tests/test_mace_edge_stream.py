@@ -203,3 +203,15 @@ def test_bad_stream_options_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match="stream_chunk_edges"):
         mlip_accel.accelerate(plain, stream_edges=True, stream_chunk_edges=0)
     assert not any(isinstance(m, MACEFusedConv) for m in plain.modules())
+
+
+def test_describe_reports_streaming_and_refusals():
+    streamed = _streamed(_model())
+    text = str(mlip_accel.describe(streamed))
+    assert text.count("radial MLP streamed into the convolution") == 2 and "4->7->5->" in text
+    with pytest.warns(UserWarning, match="not streamed"):
+        refused = _streamed(_model("RealAgnosticAttResidualInteractionBlock"))
+    layers = [layer for layer in mlip_accel.describe(refused).layers if layer.kind == "MACE conv_tp"]
+    assert len(layers) == 2 and all("not streamed" in layer.edge_streaming for layer in layers)
+    mlip_accel.accelerate(refused, backend="reference")  # streaming not asked: the refusal is forgotten
+    assert all(layer.edge_streaming is None for layer in mlip_accel.describe(refused).layers)

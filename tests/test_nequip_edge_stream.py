@@ -164,3 +164,13 @@ def test_no_edges_x_weight_numel_tensor_in_inference(data):
     streamed_bytes, op = largest_allocation(lambda: F.evaluate(streamed, data))
     assert unstreamed_bytes >= full
     assert streamed_bytes < full, (streamed_bytes, op, full)
+
+
+def test_describe_reports_streaming_and_refusals():
+    text = str(mlip_accel.describe(_streamed(_model())))
+    assert text.count("radial MLP streamed into the convolution") == 2
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="not streamed"):
+        refused = _streamed(_replace_radial(_model(), nonlinearity="tanh"))
+    layers = [layer for layer in mlip_accel.describe(refused).layers if "TensorProductScatter" in layer.kind]
+    assert len(layers) == 2 and all("tanh" in layer.edge_streaming for layer in layers)

@@ -170,8 +170,9 @@ def stream(block, chunk_edges=None):
 
 def unstream(block):
     """Back to the unstreamed fused convolution (``conv_tp`` a plain MACEFusedConv); returns an undo callable."""
-    if not is_streamed(block):
-        return lambda: None
+    if not is_streamed(block):  # forget an earlier refusal: streaming was not asked for this time
+        fused, refusal = block.conv_tp, block.conv_tp.__dict__.pop("edge_streaming", None)
+        return lambda: refusal is not None and setattr(fused, "edge_streaming", refusal)
     streamed = block.conv_tp
     options = streamed.options
     fused = MACEFusedConv(streamed.e3nn_module, streamed.graphs, backend=options["backend"],

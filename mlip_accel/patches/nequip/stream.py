@@ -129,6 +129,7 @@ def plan_streaming(root, swaps: list, stream_edges: bool, chunk_edges=None) -> t
             what = describe_radial(block)
             decisions.append((name, what))
             if isinstance(what, RadialRefusal):
+                current.edge_streaming = what  # what describe() reports
                 continue
             radial = NequIPRadialHidden(block.edge_mlp, what)
             options = current.options
@@ -138,7 +139,9 @@ def plan_streaming(root, swaps: list, stream_edges: bool, chunk_edges=None) -> t
             if conv_swap is not None:
                 out.remove(conv_swap)
             out += [Swap(block, "tp_scatter", conv, new), Swap(block, "edge_mlp", block.edge_mlp, radial)]
-        elif is_streamed(current):  # unstream: the plain fused layer, the original MLP back
+        elif not is_streamed(current):
+            current.__dict__.pop("edge_streaming", None)  # an earlier refusal: streaming not asked for now
+        else:  # unstream: the plain fused layer, the original MLP back
             new = MlipAccelTensorProductScatter(current, current.edge_sort, **current.options)
             if conv_swap is not None:
                 out.remove(conv_swap)
