@@ -215,3 +215,13 @@ def test_describe_reports_streaming_and_refusals():
     assert len(layers) == 2 and all("not streamed" in layer.edge_streaming for layer in layers)
     mlip_accel.accelerate(refused, backend="reference")  # streaming not asked: the refusal is forgotten
     assert all(layer.edge_streaming is None for layer in mlip_accel.describe(refused).layers)
+
+
+def test_parity_self_check_covers_the_streamed_path(monkeypatch):
+    plain = _model()
+    wrong = mace_stream.MACERadialHidden.last_matrix
+    monkeypatch.setattr(mace_stream.MACERadialHidden, "last_matrix", lambda self: 1.01 * wrong(self))
+    model = copy.deepcopy(plain)
+    with pytest.raises(mlip_accel.ParityCheckFailed):
+        mlip_accel.accelerate(model, backend="reference", stream_edges=True)
+    assert not any(isinstance(m, (MACEFusedConv, mace_stream.MACERadialHidden)) for m in model.modules())

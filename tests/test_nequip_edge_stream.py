@@ -174,3 +174,14 @@ def test_describe_reports_streaming_and_refusals():
         refused = _streamed(_replace_radial(_model(), nonlinearity="tanh"))
     layers = [layer for layer in mlip_accel.describe(refused).layers if "TensorProductScatter" in layer.kind]
     assert len(layers) == 2 and all("tanh" in layer.edge_streaming for layer in layers)
+
+
+def test_parity_self_check_covers_the_streamed_path(monkeypatch):
+    plain = _model()
+    wrong = nequip_stream.NequIPRadialHidden.last_matrix
+    monkeypatch.setattr(nequip_stream.NequIPRadialHidden, "last_matrix", lambda self: 1.01 * wrong(self))
+    model = copy.deepcopy(plain)
+    with pytest.raises(mlip_accel.ParityCheckFailed):
+        mlip_accel.accelerate(model, backend="reference", stream_edges=True)
+    assert not any(isinstance(m, (MlipAccelTensorProductScatter, nequip_stream.NequIPRadialHidden))
+                   for m in model.modules())
