@@ -225,3 +225,18 @@ def test_parity_self_check_covers_the_streamed_path(monkeypatch):
     with pytest.raises(mlip_accel.ParityCheckFailed):
         mlip_accel.accelerate(model, backend="reference", stream_edges=True)
     assert not any(isinstance(m, (MACEFusedConv, mace_stream.MACERadialHidden)) for m in model.modules())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_streamed_model_on_cuda_equals_unstreamed(dtype, structures):
+    """The stream on the CUDA kernels (chunks through the fused convolution): parity with the unstreamed
+    accelerated model and with e3nn."""
+    plain = _model(dtype=dtype).cuda()
+    unstreamed = mlip_accel.accelerate(copy.deepcopy(plain), backend="cuda")
+    streamed = mlip_accel.accelerate(copy.deepcopy(plain), backend="cuda", stream_edges=True,
+                                     stream_chunk_edges=CHUNK)
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch_for(plain, structures).items()}
+    got = evaluate(streamed, batch)
+    _assert_close(got, evaluate(unstreamed, batch), TOL[dtype])
+    _assert_close(got, evaluate(plain, batch), 1e-12 if dtype == torch.float64 else 1e-4)

@@ -185,3 +185,16 @@ def test_parity_self_check_covers_the_streamed_path(monkeypatch):
         mlip_accel.accelerate(model, backend="reference", stream_edges=True)
     assert not any(isinstance(m, (MlipAccelTensorProductScatter, nequip_stream.NequIPRadialHidden))
                    for m in model.modules())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_streamed_model_on_cuda_equals_unstreamed(dtype, data):
+    plain = _model(dtype).cuda()
+    unstreamed = mlip_accel.accelerate(copy.deepcopy(plain), backend="cuda")
+    streamed = mlip_accel.accelerate(copy.deepcopy(plain), backend="cuda", stream_edges=True,
+                                     stream_chunk_edges=CHUNK)
+    gpu_data = {k: v.cuda() for k, v in data.items()}
+    got = F.evaluate(streamed, gpu_data)
+    _assert_close(got, F.evaluate(unstreamed, gpu_data), TOL[dtype])
+    _assert_close(got, F.evaluate(plain, gpu_data), 1e-12 if dtype == "float64" else 1e-4)
