@@ -83,7 +83,8 @@ def main(argv=None):
             {"mace": bench_md.build_mace, "nequip": bench_md.build_nequip}[args.framework](dtype)
         for size in sizes:
             graph = build_graph(f"carbon-{size}c", device=device)
-            atoms, edges, (pos, cell, pbc, numbers, neighbors) = graph.num_nodes, graph.num_edges, bench_md.structure(graph)
+            atoms, edges = graph.num_nodes, graph.num_edges
+            pos, cell, pbc, numbers, neighbors = bench_md.structure(graph)
             del graph
             reference = None
             for chunk in [None] + list(args.chunks):

@@ -91,7 +91,8 @@ def test_description_of_e3nn_radial_network():
     assert isinstance(net, RadialNetwork) and net.edge_factor and net.inputs == "radial"
     assert [(layer.in_dim, layer.out_dim) for layer in net.layers] == [(4, 7), (7, 5), (5, block.conv_tp.weight_numel)]
     assert [layer.activation for layer in net.layers] == ["silu", "silu", None]
-    assert net.layers[0].weight_scale == pytest.approx(0.5) and net.layers[0].act_scale == pytest.approx(1.679, abs=1e-3)
+    assert net.layers[0].weight_scale == pytest.approx(0.5)  # 1 / sqrt(num_bessel)
+    assert net.layers[0].act_scale == pytest.approx(1.679, abs=1e-3)  # e3nn's normalize2mom(silu)
 
 
 def test_state_dict_unchanged_and_interchangeable(structures):

@@ -98,7 +98,8 @@ def test_description_of_nequip_radial_network():
     block = _blocks(_model())[0]
     net = nequip_stream.describe_radial(block)
     assert isinstance(net, RadialNetwork) and not net.edge_factor and net.inputs == "radial"
-    assert [(layer.in_dim, layer.out_dim) for layer in net.layers][1:] == [(7, 7), (7, block.tp_scatter.tp.weight_numel)]
+    widths = [(layer.in_dim, layer.out_dim) for layer in net.layers]
+    assert widths[1:] == [(7, 7), (7, block.tp_scatter.tp.weight_numel)]
     assert [layer.activation for layer in net.layers] == ["silu", "silu", None]
 
 
