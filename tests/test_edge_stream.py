@@ -201,3 +201,14 @@ def test_bad_input_is_a_clear_error(bad, match):
     kwargs.update(bad)
     with pytest.raises((ValueError, TypeError), match=match):
         streamed_conv(_call(conv), **kwargs)
+
+
+def test_without_autograd_the_stream_runs_plain_chunks():
+    """Energies only (no_grad, inference mode): no autograd.Function, same numbers."""
+    conv = _conv()
+    inputs = _inputs(conv)
+    want = _unstreamed(conv, *inputs)
+    with torch.no_grad():
+        assert rel_err(streamed_conv(_call(conv), *inputs, chunk_edges=6), want) <= 1e-12
+    with torch.inference_mode():
+        assert rel_err(streamed_conv(_call(conv), *inputs, chunk_edges=6), want) <= 1e-12
