@@ -241,3 +241,12 @@ def test_streamed_model_on_cuda_equals_unstreamed(dtype, structures):
     got = evaluate(streamed, batch)
     _assert_close(got, evaluate(unstreamed, batch), TOL[dtype])
     _assert_close(got, evaluate(plain, batch), 1e-12 if dtype == torch.float64 else 1e-4)
+
+
+@pytest.mark.parametrize("cls_name", ["MACE", "AtomicDipolesMACE", "EnergyDipolesMACE", "AtomicDielectricMACE"])
+def test_every_model_class_streams_under_the_parity_self_check(cls_name):
+    """accelerate's probe (each class called as it is meant to be: dipoles, polarisability and their
+    derivatives included) passes with every block streamed."""
+    model = model_of_class(cls_name)
+    mlip_accel.accelerate(model, backend="reference", stream_edges=True, stream_chunk_edges=CHUNK)
+    assert all(mace_stream.is_streamed(m) for m in model.interactions)
