@@ -14,10 +14,10 @@ from ...graph import EdgeSortCache
 from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
+from ..edge_stream import check_stream_option, report as stream_report
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
 from .conv import MACEFusedConv
-from ..edge_stream import check_stream_option, report as stream_report
 from .probe import probe_batch, run_probe, tolerance
 
 CONV_FUSION_TAG = "mlip_accel"
