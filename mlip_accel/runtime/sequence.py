@@ -54,45 +54,71 @@ def scalars_of(seq: LaunchSequence, given: dict, overrides: dict | None = None) 
     return values
 
 
+class _Prepared:
+    """A sequence's steps with their bindings looked up once (run is on every op call's path)."""
+
+    def __init__(self, seq: LaunchSequence):
+        self.seq = seq
+        self.inputs = tuple(t.name for t in seq.inputs)
+        self.names = frozenset(t.name for t in seq.tensors)
+        self.buffers = {b.name: b for b in seq.buffers}
+        self.steps = []
+        for step in seq.steps:
+            bind = dict(step.bind)
+            args = step.plan.arguments
+            self.steps.append((
+                seq.program(step.program), step.plan, step.reusable,
+                tuple((a.name, bind[a.name]) for a in args if not a.is_pointer),
+                tuple((a.name, bind[a.name]) for a in args if a.is_pointer and bind[a.name] is not None),
+                tuple(bind[a.name] for a in args if a.is_pointer and a.role == "input" and bind[a.name]),
+                tuple(bind[a.name] for a in args if a.is_pointer and a.role != "input" and bind[a.name])))
+
+
+_PREPARED: dict[int, _Prepared] = {}
+
+
+def _prepared(seq: LaunchSequence) -> _Prepared:
+    hit = _PREPARED.get(id(seq))
+    if hit is None or hit.seq is not seq:
+        hit = _PREPARED[id(seq)] = _Prepared(seq)
+    return hit
+
+
 def run(seq: LaunchSequence, tensors: dict, scalars: dict, device: torch.device,
         overrides: dict | None = None) -> dict:
     """Execute ``seq`` with the caller's input ``tensors`` (by name; outputs may be handed over too, else they
     are allocated) and ``scalars``; returns the outputs by name."""
-    names = {t.name for t in seq.tensors}
-    unknown = sorted(k for k, v in tensors.items() if v is not None and k not in names)
-    missing = [t.name for t in seq.inputs if tensors.get(t.name) is None]
-    if unknown or missing:
-        raise ValueError(f"{seq.name}: missing tensors {missing}, unknown tensors {unknown}")
+    prep = _prepared(seq)
+    values = {name: tensors.get(name) for name in prep.inputs}
+    if len(tensors) != len(values) or any(v is None for v in values.values()):
+        unknown = sorted(k for k, v in tensors.items() if v is not None and k not in prep.names)
+        missing = [k for k, v in values.items() if v is None]
+        if unknown or missing:
+            raise ValueError(f"{seq.name}: missing tensors {missing}, unknown tensors {unknown}")
     svals = scalars_of(seq, scalars, overrides)
-    like = tensors[seq.inputs[0].name]
-    values = {t.name: tensors[t.name] for t in seq.inputs}
+    like = values[prep.inputs[0]]
     for t in seq.outputs:
         values[t.name] = tensors.get(t.name)
         if values[t.name] is None:
             values[t.name] = _allocate(t.shape, t.dtype, False, svals, like)
-    buffers = {b.name: b for b in seq.buffers}
     done = _DONE.get()
-    for step in seq.steps:
-        program, bind = seq.program(step.program), dict(step.bind)
-        args = {a.name: evaluate(bind[a.name], svals) for a in step.plan.arguments if not a.is_pointer}
-        outs = [a.name for a in step.plan.arguments if a.is_pointer and a.role != "input" and bind[a.name]]
+    for program, plan, reusable, scalar_args, pointer_args, ins, outs in prep.steps:
         key = None
-        if step.reusable and done is not None:
-            ins = tuple(values[bind[a.name]] for a in step.plan.arguments
-                        if a.is_pointer and a.role == "input" and bind[a.name])
-            key = (id(program), step.plan.kernel, tuple(map(id, ins)), tuple(args.values()))
+        if reusable and done is not None:
+            inputs = tuple(values[n] for n in ins)
+            key = (id(program), plan.kernel, tuple(map(id, inputs)), tuple(evaluate(e, svals) for _, e in scalar_args))
             hit = done.get(key)
-            if hit is not None and all(x is y for x, y in zip(hit[0], ins)):
-                values.update(zip((bind[n] for n in outs), hit[1]))
+            if hit is not None and all(x is y for x, y in zip(hit[0], inputs)):
+                values.update(zip(outs, hit[1]))
                 continue
-        for a in step.plan.arguments:
-            name = bind[a.name] if a.is_pointer else None
-            if name is not None:
-                if name not in values:
-                    b = buffers[name]
-                    values[name] = _allocate(b.shape, b.dtype, b.zero, svals, like)
-                args[a.name] = values[name]
-        launch(program, step.plan, args, device)
+        args = {name: evaluate(e, svals) for name, e in scalar_args}
+        for name, bound in pointer_args:
+            t = values.get(bound)
+            if t is None:
+                b = prep.buffers[bound]
+                t = values[bound] = _allocate(b.shape, b.dtype, b.zero, svals, like)
+            args[name] = t
+        launch(program, plan, args, device)
         if key is not None:
-            done[key] = (ins, [values[bind[n]] for n in outs])
+            done[key] = (inputs, [values[n] for n in outs])
     return {t.name: values[t.name] for t in seq.outputs}
