@@ -176,3 +176,14 @@ def test_a_launcher_that_imports_nothing_from_mlip_accel_matches_the_reference(e
     assert set(got) == set(want)
     for k in want:
         assert rel_err(got[k], want[k]) <= TOL[torch.float64], k
+
+
+def test_run_names_missing_and_unknown_tensors_and_scalars():
+    seq = generate(KernelSpec(random_uvu_problem(3), "float64", "forward", "det")).sequence
+    x = torch.zeros(2, 120, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"missing tensors \['y', 'w', 'order', 'keys', 'others'\], "
+                                         r"unknown tensors \['gz'\]"):
+        sequence.run(seq, {"x": x, "gz": x}, {"num_edges": 1, "nodes": 2}, x.device)
+    given = {t.name: x for t in seq.inputs}
+    with pytest.raises(ValueError, match="scalar nodes not given"):
+        sequence.run(seq, given, {"num_edges": 1}, x.device)

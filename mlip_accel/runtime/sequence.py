@@ -32,10 +32,14 @@ def once_per_tensor():
 
 
 def _allocate(shape, dtype: str, zero: bool, scalars: dict, like: torch.Tensor) -> torch.Tensor:
-    shape = tuple(evaluate(d, scalars) for d in shape)
+    """A buffer or output of the sequence: zeros where it says so, else written by its steps (NaN-poisoned in
+    debug mode where it holds floats)."""
+    shape, dt = tuple(evaluate(d, scalars) for d in shape), TORCH_DTYPES[dtype]
     if zero:
-        return torch.zeros(shape, dtype=TORCH_DTYPES[dtype], device=like.device)
-    return written(shape, like.new_empty(0, dtype=TORCH_DTYPES[dtype]))
+        return torch.zeros(shape, dtype=dt, device=like.device)
+    if dt.is_floating_point:
+        return written(shape, like if like.dtype == dt else like.new_empty(0, dtype=dt))
+    return torch.empty(shape, dtype=dt, device=like.device)
 
 
 def scalars_of(seq: LaunchSequence, given: dict, overrides: dict | None = None) -> dict:
