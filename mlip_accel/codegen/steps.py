@@ -92,17 +92,22 @@ def _prelude(dtype: str) -> str:
 
 # --- the sequence of a walk module ---------------------------------------------------------------------
 
-_LAYOUT = re.compile(r"^\[([^\]]*)\]\s*(.*)$")
+_LAYOUT = re.compile(r"^\[([^\]]*)\]\s*(\w*)")  # "[dim, dim, ...] column_layout, comment"
 _CEIL = re.compile(r"^ceil\((\w+) / (\w+)\)$")
+
+
+def _layout(arg: Argument) -> tuple[list[str], str]:
+    """A plan argument's layout text as (its dimensions' texts, its column layout word: "mul_ir", "ir_mul", "")."""
+    m = _LAYOUT.match(arg.layout)
+    if m is None:
+        raise ValueError(f"argument {arg.name}: layout {arg.layout!r} states no shape")
+    return [d.strip() for d in m.group(1).split(",")], m.group(2)
 
 
 def layout_shape(arg: Argument, widths: dict) -> tuple:
     """The shape a plan argument's layout states, as expressions (``widths``: the ``D_*`` names' values)."""
-    m = _LAYOUT.match(arg.layout)
-    if m is None:
-        raise ValueError(f"argument {arg.name}: layout {arg.layout!r} states no shape")
     dims = []
-    for d in (s.strip() for s in m.group(1).split(",")):
+    for d in _layout(arg)[0]:
         ceil = _CEIL.match(d)
         if d.isdigit():
             dims.append(int(d))
@@ -149,7 +154,8 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
                 bind[a.name] = a.name
             else:
                 tensors.append(Tensor(a.name, "input", dtype_of(a), shape, a.layout.replace("ir_mul", "mul_ir")))
-                gather = programs.setdefault(*_named(column_gather(cols, dtype)))
+                gather = column_gather(cols, dtype)
+                programs.setdefault(gather.name, gather)
                 buffers.append(Buffer(f"{a.name}_ir_mul", dtype_of(a), shape))
                 before.append(Step(gather.name, gather.plans[0], (("src", a.name), ("dst", f"{a.name}_ir_mul"),
                                                                   ("rows", shape[0])), reusable=True))
@@ -165,8 +171,10 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
             if not isinstance(parts, int):
                 raise ValueError(f"{walk_plan.kernel}: scratch {a.name} {a.layout!r} is not [phases, ...] partials")
             buffers.append(Buffer(f"{a.name}_partials", dtype_of(a), shape))
-            tensors.append(Tensor(a.name, "output", dtype_of(a), rest, a.layout.split("]")[1].split(",")[0].strip()))
-            total = programs.setdefault(*_named(ordered_sum(dtype)))
+            dims, columns_layout = _layout(a)
+            tensors.append(Tensor(a.name, "output", dtype_of(a), rest, f"[{', '.join(dims[1:])}] {columns_layout}"))
+            total = ordered_sum(dtype)
+            programs.setdefault(total.name, total)
             after.append(Step(total.name, total.plans[0], (("partials", f"{a.name}_partials"), ("out", a.name),
                                                            ("count", ("*",) + rest), ("parts", parts))))
             bind[a.name] = f"{a.name}_partials"
@@ -181,14 +189,12 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
 
 def _gathered_columns(arg: Argument, columns: dict):
     """The irreps whose columns ``arg`` is gathered into ir_mul by, or None (e3nn's layout is the plan's)."""
-    if not arg.layout.split("]")[-1].strip().startswith("ir_mul"):
+    dims, columns_layout = _layout(arg)
+    if columns_layout != "ir_mul":
         return None
-    width = arg.layout.split("]")[0].split(",")[-1].strip()
+    width = dims[-1]
     if width not in columns:
         raise ValueError(f"argument {arg.name}: layout {arg.layout!r} names no irreps of the problem")
     irreps = tuple(tuple(b) for b in columns[width])
     return None if ir_mul_columns(irreps) is None else irreps
 
-
-def _named(program: Program) -> tuple[str, Program]:
-    return program.name, program
