@@ -20,6 +20,7 @@ import functools
 import hashlib
 import re
 
+from ..problem import irreps_str
 from .emit import Lines, template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .sequence import Buffer, LaunchSequence, Program, Scalar, Step, Tensor, dtype_of
@@ -60,10 +61,10 @@ def column_gather(irreps: tuple, dtype: str) -> Program:
         d = 2 * l + 1
         if mul > 1 and d > 1:
             blocks(f"if (c >= {offset} && c < {offset + mul * d}) {{ const int k = c - {offset}; "
-                   f"s = {offset} + (k % {mul}) * {d} + k / {mul}; }}  // {mul}x{l}")
+                   f"s = {offset} + (k % {mul}) * {d} + k / {mul}; }}  // {irreps_str([(mul, l, *rest)])}")
         offset += mul * d
     source = template("gather.cu").substitute(
-        what=f"{len(irreps)} irrep blocks, {width} columns, {dtype}", prelude=_prelude(dtype),
+        what=f"{irreps_str(irreps)} ({width} columns), {dtype}", prelude=_prelude(dtype),
         block_threads=GATHER_THREADS, kernel=kernel, parameters=plan.parameters(), width=width,
         blocks=blocks.text())
     return Program(kernel, source, (plan,))
