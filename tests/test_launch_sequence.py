@@ -187,3 +187,20 @@ def test_run_names_missing_and_unknown_tensors_and_scalars():
     given = {t.name: x for t in seq.inputs}
     with pytest.raises(ValueError, match="scalar nodes not given"):
         sequence.run(seq, given, {"num_edges": 1}, x.device)
+
+
+def test_a_plan_the_derivation_cannot_serve_is_refused():
+    """A module whose plan asks for what no step provides gets a clear error, not a wrong sequence."""
+    import dataclasses
+
+    gm = generate(KernelSpec(random_uvu_problem(3), "float64", "forward", "atomic"))
+    acc = gm.walk_plan.argument("acc_out")
+    ir_mul_out = dataclasses.replace(gm.walk_plan, arguments=tuple(
+        dataclasses.replace(a, layout="[nodes, D_OUT] ir_mul") if a is acc else a for a in gm.walk_plan.arguments))
+    with pytest.raises(ValueError, match="output acc_out is written in ir_mul columns"):
+        walk_sequence(dataclasses.replace(gm, walk_plan=ir_mul_out), 32)
+    scratch = dataclasses.replace(gm.walk_plan, arguments=tuple(
+        dataclasses.replace(a, role="scratch", layout="[nodes, D_OUT] mul_ir") if a is acc else a
+        for a in gm.walk_plan.arguments))
+    with pytest.raises(ValueError, match=r"scratch acc_out .* is not \[phases, \.\.\.\] partials"):
+        walk_sequence(dataclasses.replace(gm, walk_plan=scratch), 32)

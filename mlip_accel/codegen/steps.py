@@ -162,6 +162,9 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
                                                                   ("rows", shape[0])), reusable=True))
                 bind[a.name] = f"{a.name}_ir_mul"
         elif a.role == "output":
+            if _gathered_columns(a, columns) is not None:
+                raise ValueError(f"{walk_plan.kernel}: output {a.name} is written in ir_mul columns; no step "
+                                 "turns them back into e3nn's layout")
             tensors.append(Tensor(a.name, "output", dtype_of(a), shape, a.layout))
             bind[a.name] = a.name
         elif fixup_plan is not None and a.name in {b.name for b in fixup_plan.arguments}:
@@ -189,7 +192,8 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
 
 
 def _gathered_columns(arg: Argument, columns: dict):
-    """The irreps whose columns ``arg`` is gathered into ir_mul by, or None (e3nn's layout is the plan's)."""
+    """The irreps whose e3nn columns ``arg`` holds in ir_mul order, or None (its layout is e3nn's, or the two
+    orders are the same)."""
     dims, columns_layout = _layout(arg)
     if columns_layout != "ir_mul":
         return None
