@@ -42,6 +42,9 @@ def compiled():
                 gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype)))
                 for arch in ARCHS:
                     jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
+                for program in gm.sequence.programs[1:]:  # the steps around the walk: gathers, ordered sums
+                    for arch in ARCHS:
+                        jobs[("steps", program.name, arch)] = (program.source, arch, program.name)
     workers = max(1, min(8, os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_compile, jobs.values(), chunksize=1)
@@ -60,6 +63,13 @@ def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
     size, error = compiled[(name, dtype, family, arch)]
     assert error is None, error
     assert size > 0
+
+
+def test_sequence_steps_compile_with_nvrtc(compiled):
+    steps = {k: v for k, v in compiled.items() if k[0] == "steps"}
+    assert any("gather" in k[1] for k in steps) and any("ordered_sum" in k[1] for k in steps)
+    for key, (size, error) in steps.items():
+        assert error is None and size > 0, f"{key}: {error}"
 
 
 # --- symmetric-contraction family (MACE's product basis): problems read from MACE modules (MACE environment) ---
