@@ -19,11 +19,10 @@ CHUNK = 1024  # nodes per gathered chunk: CHUNK x U x V scratch (64 MiB at 128 x
 
 
 def _apply(x: Tensor, elements: Tensor, weight: Tensor) -> Tensor:
-    out = x.new_empty(x.shape[0], x.shape[1], weight.shape[2])
-    for s in range(0, x.shape[0], CHUNK):
-        e = elements[s:s + CHUNK]
-        torch.bmm(x[s:s + CHUNK], weight.index_select(0, e), out=out[s:s + CHUNK])
-    return out
+    if x.shape[0] <= CHUNK:
+        return torch.bmm(x, weight.index_select(0, elements))
+    return torch.cat([torch.bmm(x[s:s + CHUNK], weight.index_select(0, elements[s:s + CHUNK]))
+                      for s in range(0, x.shape[0], CHUNK)])
 
 
 def _weight_grad(x: Tensor, elements: Tensor, grad: Tensor, num_elements: int) -> Tensor:
@@ -41,10 +40,15 @@ def _weight_grad(x: Tensor, elements: Tensor, grad: Tensor, num_elements: int) -
 
 
 class _ElementLinear(torch.autograd.Function):
+    generate_vmap_rule = True  # MACE takes some derivatives with torch.vmap over autograd.grad
+
     @staticmethod
-    def forward(ctx, x, elements, weight):
-        ctx.save_for_backward(x, elements, weight)
+    def forward(x, elements, weight):
         return _apply(x, elements, weight)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
 
     @staticmethod
     def backward(ctx, grad):
