@@ -2,7 +2,7 @@
 # One device call for the symmetric contraction's deterministic weight gradients and the whole-step MACE
 # benchmark, from the repository root with .whl carried (scripts/device_env.sh). Results under $OUT:
 #   setup.log, precompile.log            GPU, versions; the MP-medium kernels (every direction) compiled in parallel
-#   gpu_tests.log, gpu_junit.xml         tests/test_symmetric_contraction_gpu.py (every direction vs the reference,
+#   gpu_tests.log, gpu_junit.xml         tests/test_symmetric_contraction_gpu.py + test_mace_skip_linear.py (vs reference/e3nn,
 #                                        bitwise reruns of the weight gradients, ops, CUDA graphs, accelerate())
 #   bench_symcon.{json,md}, symcon.log   product blocks at carbon-8000 fp32: forces / train time and peak memory
 #   bench_mace_step.{json,md}, step.log  whole MACE step (md, train), mlip_accel vs cuEquivariance vs e3nn,
@@ -43,7 +43,7 @@ PY
 stage precompile $?
 
 (cd tests && timeout 120 $PY -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
-  test_symmetric_contraction_gpu.py 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
+  test_symmetric_contraction_gpu.py test_mace_skip_linear.py 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
 stage "gpu tests" "${PIPESTATUS[0]}"
 
 timeout 80 $PY scripts/bench_symcon.py --out "$OUT" --sizes 8000 --dtypes float32 2>&1 | tee "$OUT/symcon.log" | tail -12
