@@ -100,6 +100,8 @@ def _weights_wanted(ctx, weights: Tensor) -> bool:
     fresh from training, do not use it, and the autograd engine knows: the weight pass is skipped then."""
     if not ctx.needs_input_grad[2]:
         return False
+    if torch.compiler.is_compiling():  # a traced backward serves every later pass: it cannot ask
+        return True
     try:
         return bool(torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(weights).node))
     except (AttributeError, RuntimeError):  # a torch without the query: compute it, as the custom op does
