@@ -169,3 +169,20 @@ def test_skip_linear_on_gpu_equals_e3nn_and_is_deterministic(dtype):
     for ours, theirs in zip(results[1], results[0]):
         assert rel_err(ours, theirs) <= tol
     assert all(torch.equal(a, b) for a, b in zip(results[1], results[2]))
+
+
+def test_element_linear_under_torch_compile():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 3, 4, generator=g, dtype=torch.float64)
+    w = torch.nn.Parameter(torch.randn(2, 4, 5, generator=g, dtype=torch.float64))
+    elements = torch.tensor([1, 0, 1, 1, 0, 1])
+
+    def forces_like(a):
+        a = a.requires_grad_()
+        y = ops.element_linear(a, elements, w * 1.0)
+        (gx,) = torch.autograd.grad(y.square().sum(), a, create_graph=True)
+        return y, gx
+
+    compiled = torch.compile(forces_like, backend="aot_eager")
+    for got, want in zip(compiled(x.clone()), forces_like(x.clone())):
+        assert rel_err(got, want) <= 1e-12
