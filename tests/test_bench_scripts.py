@@ -248,3 +248,21 @@ def test_bench_mace_step_tiny_runs_end_to_end_on_cpu(tmp_path):
     assert by[("mlip_accel", "train")]["loss_rel_err"] <= 1e-10
     table = (out / "bench_mace_step.md").read_text()
     assert "## float64, md" in table and "## float64, train" in table and "| 64 |" in table
+
+
+def test_bench_edge_stream_tiny_cpu_run(tmp_path):
+    """scripts/bench_edge_stream.py end to end on the CPU (reference backend, tiny model): every variant runs
+    and the streamed forces equal the unstreamed ones (no timing asserted)."""
+    import importlib.util
+
+    framework = next((f for f in ("mace", "nequip") if importlib.util.find_spec(f)), None)
+    if framework is None:
+        pytest.skip("neither mace nor nequip is installed")
+    import bench_edge_stream
+
+    out = bench_edge_stream.main(["--framework", framework, "--tiny", "--dtypes", "float64", "--chunks", "64",
+                                  "--out", str(tmp_path)])
+    assert [c["variant"] for c in out["cases"]] == ["unstreamed", "stream-64"]
+    assert all(c["status"] == "ok" for c in out["cases"]), out["cases"]
+    assert out["cases"][1]["force_rel_err"] <= 1e-12
+    assert (tmp_path / f"edge_stream.{framework}.json").is_file()
