@@ -77,7 +77,7 @@ def test_sequence_steps_compile_with_nvrtc(compiled):
 from symcon_cases import CASES as SYMCON_CASES, LARGE as SYMCON_LARGE  # noqa: E402
 
 SYMCON_NAMES = [*SYMCON_CASES, *SYMCON_LARGE]
-SYMCON_DIRECTIONS = ("forward", "backward", "backward_w", "double_backward")
+SYMCON_DIRECTIONS = ("forward", "backward", "backward_w", "double_backward", "weight_sum")
 
 
 def _compile_symcon(job):

@@ -15,6 +15,7 @@ from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
+from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
 from .conv import MACEFusedConv
@@ -175,7 +176,7 @@ def _plain_outputs(model, blocks, batch):
         block.conv_tp = fused.e3nn_module
         del block.conv_fusion
     try:
-        with mace_symmetric.plain(model):
+        with mace_symmetric.plain(model), mace_skip.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
@@ -201,9 +202,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
     check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)
-    plans = [(_plan(model), mace_symmetric.plan(model)) for model in models]
+    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model)) for model in models]
     with swap_transaction() as undo:
-        for model, (blocks, products) in zip(models, plans):
+        for model, (blocks, products, skips) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None
             convs = _install(blocks, backend, deterministic)
@@ -212,6 +213,8 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda streams=streams: [step() for step in reversed(streams)])
             contractions = mace_symmetric.install(products, backend)
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
+            skip_undo = mace_skip.install(skips)
+            undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
                 compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps),
@@ -254,6 +257,7 @@ def restore(obj):
     models = list(obj.models) if isinstance(obj, _calculator_class()) else [obj]
     for model in models:
         mace_symmetric.restore(model)
+        mace_skip.restore(model)
         for block in model.modules():
             mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)
