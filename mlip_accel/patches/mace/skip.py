@@ -11,10 +11,10 @@ this is an optional speed-up, never a reason to refuse a model.
 """
 from __future__ import annotations
 
-import contextlib
 
 import torch
 
+from ..common import originals_in
 from ...ops.element_linear import element_linear
 from .symmetric import element_index
 
@@ -121,18 +121,9 @@ def uninstall(undo) -> None:
         block.skip_tp = original
 
 
-@contextlib.contextmanager
 def plain(model):
-    """e3nn's own skip_tp in every interaction block for the duration of the block."""
-    swapped = [(b, b.skip_tp) for b in _blocks(model) if isinstance(b.skip_tp, MACESkipLinear)]
-    for block, fast in swapped:
-        block.skip_tp = fast.original
-    try:
-        yield
-    finally:
-        for block, fast in swapped:
-            block.skip_tp = fast
-
+    """e3nn's own skip_tp in every interaction block for the duration of a with-block."""
+    return originals_in(_blocks(model), "skip_tp", MACESkipLinear)
 
 def restore(model) -> None:
     for block in _blocks(model):
