@@ -11,6 +11,8 @@
 #   /tmp/site-nequip  nequip 0.19.1, e3nn 0.6.0, hydra-core, omegaconf, antlr4
 #   /tmp/site-mace    mace-torch 0.3.16, e3nn 0.4.4, torch-ema, prettytable, GitPython, ...
 #   /tmp/site-torchsim  torch-sim-atomistic 0.6.2, tables, blosc2, ... (both environments; if .whl/torchsim is there)
+#   /tmp/site-symmetrix Symmetrix-XL + its CUDA 13 sm_90 backend (MACE environment, last on its path; if
+#                       .whl/symmetrix is there)
 # NequIP needs e3nn>=0.6 and mace-torch pins e3nn==0.4.4, hence two PYTHONPATHs. mlip_accel itself is
 # imported from this working tree (the repository root goes first on both PYTHONPATHs).
 # Idempotent: a second `source` in the same machine reuses the installed folders.
@@ -32,16 +34,24 @@ _mlip_dev_install() {  # _mlip_dev_install TARGET WHEEL_DIR
 _mlip_dev_setup() {
   local t0=$SECONDS
   _mlip_dev_install /tmp/site-common "$_mlip_dev_root/.whl/common" || return 1
-  if [[ ! -f /tmp/site-common/.cueq_ops ]]; then
+  if [[ ! -f /tmp/site-common/.cueq_ops && -f "$_mlip_dev_root/.whl/cueq_ops_cu13.tar.xz" ]]; then
     # cuEquivariance's compiled ops travel unzipped and xz-packed (too large zipped); a wheel is a plain
     # archive of site-packages, so unpacking it into the target is its installation.
     tar -xJf "$_mlip_dev_root/.whl/cueq_ops_cu13.tar.xz" -C /tmp/site-common || return 1
     touch /tmp/site-common/.cueq_ops
   fi
-  _mlip_dev_install /tmp/site-nequip "$_mlip_dev_root/.whl/nequip" || return 1
-  _mlip_dev_install /tmp/site-mace "$_mlip_dev_root/.whl/mace" || return 1
+  # a call may carry only one framework's wheels (the 64 MiB limit): install what is there
+  if compgen -G "$_mlip_dev_root/.whl/nequip/*.whl" >/dev/null; then
+    _mlip_dev_install /tmp/site-nequip "$_mlip_dev_root/.whl/nequip" || return 1
+  fi
+  if compgen -G "$_mlip_dev_root/.whl/mace/*.whl" >/dev/null; then
+    _mlip_dev_install /tmp/site-mace "$_mlip_dev_root/.whl/mace" || return 1
+  fi
   if compgen -G "$_mlip_dev_root/.whl/torchsim/*.whl" >/dev/null; then
     _mlip_dev_install /tmp/site-torchsim "$_mlip_dev_root/.whl/torchsim" || return 1
+  fi
+  if compgen -G "$_mlip_dev_root/.whl/symmetrix/*.whl" >/dev/null; then
+    _mlip_dev_install /tmp/site-symmetrix "$_mlip_dev_root/.whl/symmetrix" || return 1
   fi
   echo "device_env.sh: environments ready in $((SECONDS - t0)) s (/tmp/site-{common,nequip,mace})"
 }
@@ -49,7 +59,7 @@ _mlip_dev_setup || { echo "device_env.sh: installation failed" >&2; return 1 2>/
 
 export MLIP_DEVICE_ROOT=$_mlip_dev_root
 export MLIP_PYTHONPATH_NEQUIP=$_mlip_dev_root:/tmp/site-nequip:/tmp/site-common:/tmp/site-torchsim
-export MLIP_PYTHONPATH_MACE=$_mlip_dev_root:/tmp/site-mace:/tmp/site-common:/tmp/site-torchsim
+export MLIP_PYTHONPATH_MACE=$_mlip_dev_root:/tmp/site-mace:/tmp/site-common:/tmp/site-torchsim:/tmp/site-symmetrix
 # OpenEquivariance ships no extension built for this torch: build it on first import (~40 s, then cached
 # under ~/.cache/torch_extensions for the life of the machine).
 export OEQ_JIT_EXTENSION=1

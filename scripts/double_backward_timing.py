@@ -52,10 +52,11 @@ def precompile_sources(timed: list[str]) -> list[str]:
     for spec in bench_problem_specs():
         p = bench_problem(spec)
         for dt in ("float32", "float64"):
-            sources += [cuda.module_for(p, dt, d, v).source for d in WALKS for v in ("det", "atomic")]
+            modules = [cuda.module_for(p, dt, d, v) for d in WALKS for v in ("det", "atomic")]
             if spec["name"] in timed:
                 with cuda.chunk_loops():
-                    sources += [cuda.module_for(p, dt, d, "det").source for d in ("forward", "backward", *WALKS)]
+                    modules += [cuda.module_for(p, dt, d, "det") for d in ("forward", "backward", *WALKS)]
+            sources += [program.source for gm in modules for program in gm.sequence.programs]
     sources += precompile.kernel_sources([bench_problem(s) for s in bench_problem_specs() if s["name"] in timed])
     return list(dict.fromkeys(sources))
 

@@ -7,6 +7,9 @@
 #                 parts, OpenEquivariance repacked as a wheel, ...)
 #   .whl/nequip/  nequip 0.19.1 and e3nn 0.6.0 (+ hydra); .whl/mace/  mace-torch 0.3.16 and e3nn 0.4.4 (+ ...)
 #   .whl/torchsim/  torch-sim-atomistic 0.6.2 and what it imports that the device lacks (tables, blosc2, ...)
+#   .whl/symmetrix/ Symmetrix-XL 0.1.1 (the python frontend and its CUDA 13 / sm_90 native backend, ~37 MB):
+#                 a MACE peer for scripts/bench_md_sweep.py. Together with the rest .whl/ may exceed what one
+#                 device call carries (64 MiB): scripts/gpu_check_graphs_sweep.sh names what it needs.
 #   .whl/cueq_ops_cu13.tar.xz  cuEquivariance's two compiled cu13 wheels, unzipped and xz-packed: zipped
 #                 they are 74 MB, more than the 64 MiB the device call may carry; xz brings them to ~30 MB.
 #
@@ -19,7 +22,7 @@ ROOT=$PWD
 DEST=$ROOT/.whl
 PY=${PYTHON:-python3}
 [[ "${1:-}" == "--force" ]] && rm -rf "$DEST"
-mkdir -p "$DEST"/{common,nequip,mace,torchsim}
+mkdir -p "$DEST"/{common,nequip,mace,torchsim,symmetrix}
 
 PLATFORM_ARGS=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -63,6 +66,11 @@ build_pure "$DEST/mace" python-hostlist==2.3.0
 # torch_sim then uses vesin. blosc2 (for tables) needs pydantic; the rest of its needs are on the device.
 fetch "$DEST/torchsim" torch-sim-atomistic==0.6.2 tables==3.11.1 blosc2==4.14.1 numexpr==2.14.2 ndindex==1.10.1 \
   pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 typing-inspection==0.4.5
+
+# --- Symmetrix-XL 0.1.1 (scripts/bench_md_sweep.py): pure-python frontend + the native backend built for
+# CUDA 13 and sm_90 (H100/H200); its needs (numpy, scipy, ase; mace-torch for the model extraction) are in
+# the device image or the MACE environment.
+fetch "$DEST/symmetrix" symmetrix-xl==0.1.1 symmetrix-xl-cuda13-sm90==0.1.1
 
 # --- OpenEquivariance 0.7.0: an sdist whose build downloads libtorch; its torch extension can instead be
 # JIT-built on first import (OEQ_JIT_EXTENSION=1), so we ship the python package (with the extension's

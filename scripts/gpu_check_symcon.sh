@@ -5,7 +5,10 @@
 #   gpu_tests.log, gpu_junit.xml         tests/test_symmetric_contraction_gpu.py (every direction vs the reference,
 #                                        ops gradcheck, CUDA-graph capture, accelerate() on a MACE model)
 #   bench_symcon.json, bench_symcon.md   scripts/bench_symcon.py: product blocks at carbon-1k/8k, e3nn/cuEq/ours
+#   bench_mace_step.{json,md}, step.log  only with STEP_ARGS set: scripts/bench_mace_step.py (whole MACE step)
 #   summary.txt                          PASSED/FAILED per stage
+# GPU_TESTS, BENCH_ARGS (bench_symcon.py) and LIMITS ("precompile tests bench" seconds) let another call reuse
+# this one (scripts/gpu_check_symcon_train.sh).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_check_symcon_out}
 mkdir -p "$OUT"
@@ -15,6 +18,9 @@ if [[ -z "${SYMCON_PYTHON:-}" ]]; then  # SYMCON_PYTHON=/path/to/python: a dry r
   export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 PYTHONPATH=$MLIP_PYTHONPATH_MACE
 fi
 PY=${SYMCON_PYTHON:-python3}  # a program, not the py_mace function: `timeout` runs programs only
+GPU_TESTS=${GPU_TESTS:-test_symmetric_contraction_gpu.py}
+BENCH_ARGS=${BENCH_ARGS:-}
+read -r LIMIT_PRECOMPILE LIMIT_TESTS LIMIT_BENCH <<<"${LIMITS:-90 150 170}"
 status=0
 stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
 : >"$OUT/summary.txt"
@@ -22,7 +28,7 @@ stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | te
   $PY -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
 } >>"$OUT/setup.log" 2>&1
 
-timeout 90 $PY - >"$OUT/precompile.log" 2>&1 <<'PY'
+timeout $LIMIT_PRECOMPILE $PY - >"$OUT/precompile.log" 2>&1 <<'PY'
 import concurrent.futures, time
 import torch
 from mlip_accel.testing.symcon_cases import LARGE, problem
@@ -38,11 +44,19 @@ print(f"precompiled {len(sources)} kernels for {target} in {time.perf_counter() 
 PY
 stage precompile $?
 
-(cd tests && timeout 150 $PY -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
-  test_symmetric_contraction_gpu.py 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
+# shellcheck disable=SC2086
+(cd tests && timeout $LIMIT_TESTS $PY -m pytest -m gpu -q -rfEs -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+  $GPU_TESTS 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
 stage "gpu tests" "${PIPESTATUS[0]}"
 
-timeout 170 $PY scripts/bench_symcon.py --out "$OUT" 2>&1 | tee "$OUT/bench.log" | tail -20
+# shellcheck disable=SC2086
+timeout $LIMIT_BENCH $PY scripts/bench_symcon.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -20
 stage benchmark "${PIPESTATUS[0]}"
+
+if [[ -n "${STEP_ARGS:-}" ]]; then
+  # shellcheck disable=SC2086
+  timeout ${LIMIT_STEP:-250} $PY scripts/bench_mace_step.py --out "$OUT" $STEP_ARGS 2>&1 | tee "$OUT/step.log" | tail -40
+  stage "whole step" "${PIPESTATUS[0]}"
+fi
 cat "$OUT/summary.txt"
 exit $status

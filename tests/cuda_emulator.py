@@ -15,9 +15,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from mlip_accel.codegen.launch_plan import LaunchPlan
+if TYPE_CHECKING:  # tests/foreign_launcher.py builds with this module and must not import mlip_accel
+    from mlip_accel.codegen.launch_plan import LaunchPlan
 
 SHIM = Path(__file__).with_name("cuda_emulator.h")
 CXX = shutil.which("g++")
@@ -26,7 +29,7 @@ def available() -> bool:
     return CXX is not None
 
 
-def entry(plan: LaunchPlan) -> str:
+def entry(plan: "LaunchPlan") -> str:
     """g++ entry point ``emu_<kernel>`` running ``plan``'s kernel over a grid; arguments cast as the plan says
     (the one statement of the signature is the plan)."""
     casts = ", ".join(f"({a.ctype})a[{i}]" for i, a in enumerate(plan.arguments))
@@ -72,7 +75,7 @@ class CpuEmulator:
         self._libs[id(program)] = (program, lib)
         return lib
 
-    def launch(self, program, plan: LaunchPlan, grid, block, args, device) -> None:
+    def launch(self, program, plan: "LaunchPlan", grid, block, args, device) -> None:
         """``args`` as runtime.launch_plan.kernel_arguments gives them: 64-bit words the entry point casts to
         the plan's C types."""
         lib = self._library(program)

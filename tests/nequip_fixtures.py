@@ -23,13 +23,14 @@ def init_nequip():
 
 
 def tiny_model(model_dtype: str = "float64", l_max: int = 1, num_layers: int = 2, num_features: int = 4,
-               compile_mode: str = "eager", seed: int = 1):
+               compile_mode: str = "eager", seed: int = 1, radial_mlp_depth: int = 1, radial_mlp_width: int = 8):
     init_nequip()
     from nequip.model import NequIPGNNModel
 
     return NequIPGNNModel(
         seed=seed, model_dtype=model_dtype, type_names=list(TYPE_NAMES), r_max=R_MAX, l_max=l_max,
-        num_layers=num_layers, num_features=num_features, radial_mlp_depth=1, radial_mlp_width=8,
+        num_layers=num_layers, num_features=num_features, radial_mlp_depth=radial_mlp_depth,
+        radial_mlp_width=radial_mlp_width,
         avg_num_neighbors=12.0, per_type_energy_shifts={"Cu": -3.5, "Ag": -2.8},
         per_type_energy_scales={"Cu": 0.6, "Ag": 0.5}, compile_mode=compile_mode)
 

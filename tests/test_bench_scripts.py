@@ -222,3 +222,47 @@ def test_kernel_timing_comparison_pairs_rows_and_gives_ratios(tmp_path):
     sys.argv = ["x", str(tmp_path / "b.json"), str(tmp_path / "a.json"), "--md", str(tmp_path / "c.md")]
     ckt.main()
     assert "| mace-large | float32 | 2 / 1 (0.50)" in (tmp_path / "c.md").read_text()
+
+
+@pytest.mark.mace
+def test_bench_mace_step_tiny_runs_end_to_end_on_cpu(tmp_path):
+    # the whole-step benchmark's CPU smoke mode: tiny MACE, 64 atoms, md and train steps, mlip_accel (reference
+    # backend) and e3nn timed, cuEquivariance recorded as unavailable; errors against e3nn are real and small
+    pytest.importorskip("mace")
+    pytest.importorskip("ase")
+    import bench_mace_step
+
+    out = tmp_path / "out"
+    result = bench_mace_step.main(["--tiny", "--out", str(out), "--dtypes", "float64"])
+    data = json.loads((out / "bench_mace_step.json").read_text())
+    assert data["cases"] == json.loads(json.dumps(result["cases"]))
+    assert data["device"] == "cpu" and data["versions"]["torch"] == torch.__version__
+    by = {(c["impl"], c["mode"]): c for c in data["cases"]}
+    assert set(by) == {(i, m) for i in ("mlip_accel", "cueq", "e3nn") for m in ("md", "train")}
+    assert by[("cueq", "md")]["status"].startswith("unavailable")
+    for mode in ("md", "train"):
+        ours = by[("mlip_accel", mode)]
+        assert ours["status"] == by[("e3nn", mode)]["status"] == "ok" and ours["atoms"] == 64
+        assert ours["force_rel_err"] <= 1e-10 and ours["ms_median"] > 0 and "speedup_vs_e3nn" in ours
+    assert by[("mlip_accel", "train")]["param_grad_rel_err"] <= 1e-10
+    assert by[("mlip_accel", "train")]["loss_rel_err"] <= 1e-10
+    table = (out / "bench_mace_step.md").read_text()
+    assert "## float64, md" in table and "## float64, train" in table and "| 64 |" in table
+
+
+def test_bench_edge_stream_tiny_cpu_run(tmp_path):
+    """scripts/bench_edge_stream.py end to end on the CPU (reference backend, tiny model): every variant runs
+    and the streamed forces equal the unstreamed ones (no timing asserted)."""
+    import importlib.util
+
+    framework = next((f for f in ("mace", "nequip") if importlib.util.find_spec(f)), None)
+    if framework is None:
+        pytest.skip("neither mace nor nequip is installed")
+    import bench_edge_stream
+
+    out = bench_edge_stream.main(["--framework", framework, "--tiny", "--dtypes", "float64", "--chunks", "64",
+                                  "--out", str(tmp_path)])
+    assert [c["variant"] for c in out["cases"]] == ["unstreamed", "stream-64"]
+    assert all(c["status"] == "ok" for c in out["cases"]), out["cases"]
+    assert out["cases"][1]["force_rel_err"] <= 1e-12
+    assert (tmp_path / f"edge_stream.{framework}.json").is_file()

@@ -49,6 +49,9 @@ def compiled():
                 gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype)))
                 for arch in ARCHS:
                     jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
+                for program in gm.sequence.programs[1:]:  # the steps around the walk: gathers, ordered sums
+                    for arch in ARCHS:
+                        jobs[("steps", program.name, arch)] = (program.source, arch, program.name)
             if spec["name"] != GIVEN_PROBLEM:
                 continue
             for direction, variant in FAMILIES:
@@ -107,6 +110,11 @@ def test_double_walks_with_some_incoming_gradients_compile(compiled, dtype, dire
     size, error = compiled[(GIVEN_PROBLEM, dtype, f"{direction}-{given}", arch)]
     assert error is None, error
     assert size > 0
+def test_sequence_steps_compile_with_nvrtc(compiled):
+    steps = {k: v for k, v in compiled.items() if k[0] == "steps"}
+    assert any("gather" in k[1] for k in steps) and any("ordered_sum" in k[1] for k in steps)
+    for key, (size, error) in steps.items():
+        assert error is None and size > 0, f"{key}: {error}"
 
 
 # --- symmetric-contraction family (MACE's product basis): problems read from MACE modules (MACE environment) ---
@@ -114,7 +122,7 @@ def test_double_walks_with_some_incoming_gradients_compile(compiled, dtype, dire
 from symcon_cases import CASES as SYMCON_CASES, LARGE as SYMCON_LARGE  # noqa: E402
 
 SYMCON_NAMES = [*SYMCON_CASES, *SYMCON_LARGE]
-SYMCON_DIRECTIONS = ("forward", "backward", "backward_w", "double_backward")
+SYMCON_DIRECTIONS = ("forward", "backward", "backward_w", "double_backward", "weight_sum")
 
 
 def _compile_symcon(job):

@@ -88,3 +88,36 @@ def test_merge_writes_report_plot_and_readme(tmp_path, monkeypatch):
 def test_merge_without_parts_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no bench_md"):
         bench_md.main(["--merge", "--parts-dir", str(tmp_path), "--out-dir", str(tmp_path)])
+
+
+def test_sweep_merge_writes_the_table(tmp_path):
+    """scripts/bench_md_sweep.py --merge: one row per structure, speedups of auto and forced graphs over eager,
+    Symmetrix's time and force error beside ours, and every case that did not run listed with its reason."""
+    import bench_md_sweep
+
+    def case(graph, atoms, impl, ms=None, status="ok", err=None):
+        c = {"framework": "mace", "dtype": "float32", "graph": graph, "atoms": atoms, "edges": 158 * atoms,
+             "impl": impl, "status": status}
+        if status == "ok":
+            c["ms"] = ms
+        if err is not None:
+            c["force_rel_err_vs_e3nn"] = err
+        return c
+
+    cases = [case("carbon-3c", 216, "e3nn", 40.0), case("carbon-3c", 216, "eager", 30.0),
+             case("carbon-3c", 216, "auto", 6.0), case("carbon-3c", 216, "forced", 6.0),
+             case("carbon-3c", 216, "ase_auto", 8.0), case("carbon-3c", 216, "ase_auto_skin", 7.0, err=3e-6),
+             case("carbon-3c", 216, "symmetrix", 3.5, err=1e-4),
+             case("carbon-7c", 2744, "eager", 80.0), case("carbon-7c", 2744, "auto", 80.0),
+             case("carbon-7c", 2744, "forced", 88.0, ), case("carbon-7c", 2744, "e3nn", status="out of memory")]
+    part = {"framework": "mace", "model": "MACE test model", "device": "Test GPU", "auto_max_edges": 220000,
+            "cases": cases}
+    path = tmp_path / "bench_md_sweep.mace.float32.json"
+    path.write_text(json.dumps(part))
+    assert bench_md_sweep.main(["--merge", str(path), "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "bench_md_sweep.md").read_text()
+    assert "| carbon-3c | 216 | 34128 | 40.00 | 30.00 | 6.00 | 6.00 | 5.00x | 5.00x | 8.00 | 7.00 | 3.50 | 1.0e-04 | 3.0e-06 |" in table
+    assert "| carbon-7c | 2744 | 433552 | - | 80.00 | 80.00 | 88.00 | 1.00x | 0.91x |" in table
+    assert "- carbon-7c e3nn: out of memory" in table
+    with pytest.raises(SystemExit, match="no parts"):
+        bench_md_sweep.main(["--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)])

@@ -112,6 +112,19 @@ def test_mace_model_run(capsys, tmp_path):
     assert float(re.search(r"max \|F_mlip_accel - F_e3nn\| : ([0-9.e+-]+)", out).group(1)) < 1e-4
 
 
+@pytest.mark.nequip
+def test_neighbor_skin_run(capsys, tmp_path):
+    from ase.build import bulk
+    from ase.io import write
+
+    write(tmp_path / "cu.xyz", bulk("Cu", "fcc", a=3.61, cubic=True).repeat(2))
+    code, out, err = run_inprocess(capsys, str(tmp_path / "cu.xyz"), "--steps", "4", "--output", "none",
+                                   "--device", "cpu", "--neighbor-skin", "0.5", "--quiet")
+    assert code == 0, err
+    builds = int(re.search(r"nlist   : skin 0.5 A, (\d+) lists built for 5 evaluations", out).group(1))
+    assert 1 <= builds < 5
+
+
 # -------------------------------------------------------------------------------------- bad inputs
 
 @pytest.fixture
@@ -142,8 +155,11 @@ def files(tmp_path):
     (["--dtype", "float16"], "--dtype: invalid choice"),
     (["--no-such-option"], "unrecognized arguments"),
     (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda"),
+    (["--neighbor-skin", "-0.5"], "--neighbor-skin: expected a number >= 0, got '-0.5'"),
+    (["--neighbor-skin", "nan"], "--neighbor-skin: expected a finite number, got 'nan'"),
 ], ids=["missing-structure", "unreadable-structure", "missing-model", "unsupported-model", "compiled-nequip",
-        "model-is-directory", "steps", "timestep", "temperature", "ensemble", "dtype", "unknown-option", "device"])
+        "model-is-directory", "steps", "timestep", "temperature", "ensemble", "dtype", "unknown-option", "device",
+        "negative-skin", "nan-skin"])
 def test_bad_input_is_one_line(capsys, files, args, pattern):
     code, _, err = run_inprocess(capsys, *[a.format(d=files) for a in args])
     assert_one_line_error(code, err, pattern)

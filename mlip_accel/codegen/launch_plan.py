@@ -6,8 +6,8 @@ A plan names the kernel, its arguments in order (name, C type, role, layout), th
 per ``items * threads_per_item``, ``block_threads`` per block, ``items`` read from a named scalar
 argument), which outputs the launcher must zero first, and the tuning values the source was generated
 with. Layouts are documentation plus a contiguity contract: every pointer argument is a dense row-major
-tensor of the stated shape, handed over in the stated layout: the launcher performs no layout transform (the
-tensor-product family's caller permutes node rows into the plan's layout once per call: runtime.layout).
+tensor of the stated shape, handed over in the stated layout: the launcher performs no layout transform (a
+layout a caller's tensor does not have is made by a gather step of the op's launch sequence: codegen.sequence).
 """
 from __future__ import annotations
 

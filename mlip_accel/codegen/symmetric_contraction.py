@@ -1,12 +1,15 @@
 """CUDA source and launch plans for MACE's symmetric contraction (plain data in, text out; no GPU).
 
-Directions: ``forward`` (out), ``backward`` (grad x) and ``backward_w`` (grad x and the per-node weight
-gradient ``grad_wn [nodes, K, C]``, which the runtime sums per element). One thread per (node, channel);
-the symmetrised U (``CorrelationTerm.monomials``) unrolled as exact hexadecimal constants.
+Directions: ``forward`` (out) and ``backward`` (grad x): one thread per (node, channel). ``backward_w``
+(grad x and the weight gradient) and ``double_backward``: one thread per (chunk, channel) over the nodes sorted
+by element, each run of one element summed into a slot of a ``partial`` buffer (see the chunked template);
+``weight_sum`` adds each element's slots in a fixed order. So the weight gradients are bitwise reproducible
+and need (chunks + elements) x K x C of scratch, not nodes x K x C. The symmetrised U
+(``CorrelationTerm.monomials``) unrolled as exact hexadecimal constants.
 
     forward:   out[m]  = sum_k W[e, k, c] * s[m, k],   s[m, k] = sum_mono U'[mono, m, k] * P_mono(x)
     backward:  q_mono  = sum_{m, k} U'[mono, m, k] * g[m] * W[e, k, c];   grad_x = sum_mono q_mono dP_mono/dx
-               grad_wn[k] = sum_m g[m] * s[m, k]
+               grad_W[e, k] = sum_{nodes of e} sum_m g[m] * s[m, k]
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTE
 from .literals import hex_literal
 
 FAMILY = "symmetric_contraction"
-DIRECTIONS = ("forward", "backward", "backward_w", "double_backward")
+DIRECTIONS = ("forward", "backward", "backward_w", "double_backward", "weight_sum")
+CHUNKED = ("backward_w", "double_backward")  # directions that sum weight gradients per chunk (see module doc)
+MAX_CHUNKS = 256  # chunks of the weight-gradient directions: scratch (MAX_CHUNKS + elements) x K x C
 DTYPES = ("float32", "float64")
 BLOCK_THREADS = 128
 
@@ -71,26 +76,46 @@ def _sum(pairs, dtype: str) -> str:
     return " + ".join(parts)
 
 
+def chunking(nodes: int) -> tuple[int, int]:
+    """(per_chunk, chunks) of the weight-gradient directions for ``nodes`` nodes: at most MAX_CHUNKS chunks
+    (fixed by the node count alone, so a rerun sums in the same order)."""
+    per_chunk = max(1, -(-nodes // MAX_CHUNKS))
+    return per_chunk, -(-nodes // per_chunk)
+
+
 def _arguments(spec: SymconSpec) -> tuple[Argument, ...]:
     p, t = spec.problem, POINTER_TYPES[spec.dtype]
+    weights = f"[{p.num_elements}, {p.num_params}, {p.channels}]"
+    partial = f"[chunks + {p.num_elements}, {p.num_params}, {p.channels}]"
+    if spec.direction == "weight_sum":
+        return (Argument("partial", f"const {t}*", "input", partial),
+                Argument("offsets", "const long long*", "input", f"[{p.num_elements + 1}]"),
+                Argument("grad_weights", f"{t}*", "output", weights),
+                Argument("num_elements", "long long", "scalar"),
+                Argument("chunks", "long long", "scalar"),
+                Argument("per_chunk", "long long", "scalar"))
     args = [Argument("x", f"const {t}*", "input", f"[nodes, {p.channels}, {p.dim_in}]"),
             Argument("elements", "const long long*", "input", "[nodes]"),
-            Argument("weights", f"const {t}*", "input", f"[{p.num_elements}, {p.num_params}, {p.channels}]")]
+            Argument("weights", f"const {t}*", "input", weights)]
+    if spec.direction in CHUNKED:
+        args.append(Argument("order", "const long long*", "input", "[nodes]: node indices sorted by element"))
     if spec.direction == "forward":
         args.append(Argument("out", f"{t}*", "output", f"[nodes, {p.dim_out}]"))
     elif spec.direction == "double_backward":
         args += [Argument("grad_out", f"const {t}*", "input", f"[nodes, {p.dim_out}]"),
                  Argument("ggx", f"const {t}*", "input", f"[nodes, {p.channels}, {p.dim_in}]"),
-                 Argument("ggw", f"const {t}*", "input", f"[{p.num_elements}, {p.num_params}, {p.channels}]"),
+                 Argument("ggw", f"const {t}*", "input", weights),
                  Argument("dx", f"{t}*", "output", f"[nodes, {p.channels}, {p.dim_in}]"),
                  Argument("dgz", f"{t}*", "output", f"[nodes, {p.dim_out}]"),
-                 Argument("dwn", f"{t}*", "output", f"[nodes, {p.num_params}, {p.channels}]")]
+                 Argument("partial", f"{t}*", "output", partial)]
     else:
         args += [Argument("grad_out", f"const {t}*", "input", f"[nodes, {p.dim_out}]"),
                  Argument("grad_x", f"{t}*", "output", f"[nodes, {p.channels}, {p.dim_in}]")]
         if spec.direction == "backward_w":
-            args.append(Argument("grad_wn", f"{t}*", "output", f"[nodes, {p.num_params}, {p.channels}]"))
+            args.append(Argument("partial", f"{t}*", "output", partial))
     args.append(Argument("nodes", "long long", "scalar"))
+    if spec.direction in CHUNKED:
+        args += [Argument("chunks", "long long", "scalar"), Argument("per_chunk", "long long", "scalar")]
     return tuple(args)
 
 
@@ -172,11 +197,11 @@ def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> 
             for k, monomials in sorted(by_k.items()):
                 lines.append(f"    {{ const T w = wp[{(off + k) * p.channels}];")
                 root = _Emitter(dtype, lines, "      ").node(_trie(monomials), "w", 0)
-                if with_w:  # R_k(x) = sum_m z_m s[m, k]: the node's gradient of weight row k
-                    lines.append(f"      grad_wn[(b * {p.num_params} + {off + k}) * {p.channels} + c] = {root};")
+                if with_w:  # R_k(x) = sum_m z_m s[m, k]: the node's gradient of weight row k, into its run's slot
+                    lines.append(f"      acc[{(off + k) * p.channels}] += {root};")
                 lines.append("    }")
         lines.append("  }")
-    lines.append(f"  T* gxp = grad_x + t * {p.dim_in};")
+    lines.append(f"  T* gxp = grad_x + bc * {p.dim_in};")
     lines += [f"  gxp[{i}] = g{i};" for i in range(p.dim_in)]
     return lines
 
@@ -222,9 +247,9 @@ def _double_backward_body(p: SymmetricContractionProblem, dtype: str) -> list[st
     """Gradients of <ggx, grad_x> + <ggw, grad_w> (grad_x, grad_w the backward's outputs) to x, grad_out and
     the node's weight rows: dgz[m] = sum_k w_k dS_mk + u_k S_mk; dwn_k = dR_k; dx = sum_k grad(u_k R_k + w_k dR_k),
     with S_mk = s[m, k](x), R_k = sum_m z_m S_mk, d = derivative along ggx, u = ggw's row of the node's element."""
-    lines = ["  const T* hp = ggx + t * %d;" % p.dim_in]
+    lines = ["  const T* hp = ggx + bc * %d;" % p.dim_in]
     lines += [f"  const T h{i} = hp[{i}];" for i in range(p.dim_in)]
-    lines.append(f"  const T* up = ggw + elements[b] * {p.num_params * p.channels} + c;")
+    lines.append(f"  const T* up = ggw + e * {p.num_params * p.channels} + c;")
     lines += [f"  T g{i} = 0;" for i in range(p.dim_in)]
     for output, start in zip(p.outputs, p.output_offsets):
         lines.append("  {")
@@ -251,27 +276,33 @@ def _double_backward_body(p: SymmetricContractionProblem, dtype: str) -> list[st
                 emit = _DualEmitter(dtype, lines, "      ", lambda entries: "(" + " + ".join(
                     f"{hex_literal(v, dtype)}*z{m}" for m, v in entries) + ")", adjoint=True)
                 _, rdv = emit.node(_trie(monomials), "u", "w", 0)
-                lines.append(f"      dwn[(b * {p.num_params} + {off + k}) * {p.channels} + c] = {rdv};")
+                lines.append(f"      acc[{(off + k) * p.channels}] += {rdv};")
                 lines.append("    }")
         lines.append(f"    T* ep = dgz + b * {p.dim_out} + {start} + c * {output.dim};")
         lines += [f"    ep[{m}] = e{m};" for m in range(output.dim)]
         lines.append("  }")
-    lines.append(f"  T* gxp = dx + t * {p.dim_in};")
+    lines.append(f"  T* gxp = dx + bc * {p.dim_in};")
     lines += [f"  gxp[{i}] = g{i};" for i in range(p.dim_in)]
     return lines
 
 
-def zero_weight_rows(spec: SymconSpec) -> list[tuple[int, int]]:
-    """(first, count) row ranges of grad_wn no nonzero writes (orders whose U is zero): the launcher zeroes them."""
-    rows = []
-    for output in spec.problem.outputs:
-        for term, off in zip(output.terms, output.weight_offsets):
-            written = set(_by_k(term))
-            rows += [(off + k, 1) for k in range(term.num_params) if k not in written]
-    return rows
+def _generate_weight_sum(spec: SymconSpec) -> GeneratedKernel:
+    p = spec.problem
+    args = _arguments(spec)
+    source = template("symmetric_contraction_weight_sum.cu").substitute(
+        description=p.describe(), scalar=POINTER_TYPES[spec.dtype], block_threads=spec.block_threads,
+        kernel=spec.kernel_name, weight_row=p.num_params * p.channels, num_elements=p.num_elements,
+        parameters=", ".join(f"{a.ctype}{' __restrict__ ' if a.is_pointer else ' '}{a.name}" for a in args))
+    plan = LaunchPlan(family=FAMILY, kernel=spec.kernel_name, arguments=args,
+                      grid=GridRule(items="num_elements", threads_per_item=p.num_params * p.channels,
+                                    block_threads=spec.block_threads),
+                      tuning=(("block_threads", spec.block_threads),))
+    return GeneratedKernel(source=source, plan=plan)
 
 
 def generate_symmetric_contraction(spec: SymconSpec) -> GeneratedKernel:
+    if spec.direction == "weight_sum":
+        return _generate_weight_sum(spec)
     p = spec.problem
     args = _arguments(spec)
     if spec.direction == "forward":
@@ -280,17 +311,17 @@ def generate_symmetric_contraction(spec: SymconSpec) -> GeneratedKernel:
         body = _double_backward_body(p, spec.dtype)
     else:
         body = _backward_body(p, spec.dtype, spec.direction == "backward_w")
-    load_x = "\n".join(f"  const T x{i} = xp[{i}];" for i in range(p.dim_in))
-    source = template("symmetric_contraction.cu").substitute(
+    chunked = spec.direction in CHUNKED
+    indent = "  " if chunked else ""  # the chunked kernel runs the body inside its loop over the chunk's nodes
+    load_x = "\n".join(f"{indent}  const T x{i} = xp[{i}];" for i in range(p.dim_in))
+    source = template("symmetric_contraction_chunked.cu" if chunked else "symmetric_contraction.cu").substitute(
         description=p.describe(), scalar=POINTER_TYPES[spec.dtype], block_threads=spec.block_threads,
         kernel=spec.kernel_name, channels=p.channels, dim_in=p.dim_in, load_x=load_x,
-        weight_row=p.num_params * p.channels, body="\n".join(body),
+        weight_row=p.num_params * p.channels, num_params=p.num_params,
+        body="\n".join(indent + line for line in body),
         parameters=", ".join(f"{a.ctype}{' __restrict__ ' if a.is_pointer else ' '}{a.name}" for a in args))
-    # grad_wn rows of a zero U are never written: zeroing the whole buffer first is the simple contract
-    zero = ()
-    if zero_weight_rows(spec):
-        zero = {"backward_w": ("grad_wn",), "double_backward": ("dwn",)}.get(spec.direction, ())
     plan = LaunchPlan(family=FAMILY, kernel=spec.kernel_name, arguments=args,
-                      grid=GridRule(items="nodes", threads_per_item=p.channels, block_threads=spec.block_threads),
-                      zero_outputs=zero, tuning=(("block_threads", spec.block_threads),))
+                      grid=GridRule(items="chunks" if chunked else "nodes", threads_per_item=p.channels,
+                                    block_threads=spec.block_threads),
+                      tuning=(("block_threads", spec.block_threads),))
     return GeneratedKernel(source=source, plan=plan)

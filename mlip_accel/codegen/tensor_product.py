@@ -25,12 +25,15 @@ writes each output once: no full-size temporaries, no re-reads between terms.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from ..problem import TPProblem, irreps_str
 from . import nonzeros
 from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
+from .sequence import LaunchSequence
+from .steps import walk_sequence
 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 # the node rows each direction accumulates: irreps_out (by receiver) or irreps_in1 (by sender)
@@ -43,6 +46,10 @@ MAX_MUL_IN2 = 16  # v of uvu is unrolled
 BLOCK_THREADS = 128
 FIXUP_THREADS = 128
 FAMILY = "tensor_product"
+# Edges per warp. The deterministic forward takes the mean degree (about one row per warp: few fixups,
+# and the fixup buffer, one row per warp, is never larger than the output); every other walk takes 32.
+MIN_EDGES_PER_WARP = 32
+MAX_EDGES_PER_WARP = 4096
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -136,6 +143,19 @@ class GeneratedModule:
     @property
     def plans(self) -> tuple[LaunchPlan, ...]:
         return (self.walk_plan,) if self.fixup_plan is None else (self.walk_plan, self.fixup_plan)
+
+    @functools.cached_property
+    def sequence(self) -> LaunchSequence:
+        """The whole launch of this module (layout gathers, walk, fixup, ordered sums) as data
+        (codegen.steps.walk_sequence): what runtime.sequence.run, the CPU emulator and a C++ launcher execute."""
+        return walk_sequence(self, edges_per_warp_rule(self.spec))
+
+
+def edges_per_warp_rule(spec: KernelSpec):
+    """Edges per warp of a walk of ``spec``, as an expression of the scalars num_edges and nodes."""
+    if spec.variant != "det" or spec.side != "out":  # the mean degree for the walks by receiver
+        return MIN_EDGES_PER_WARP
+    return ("max", MIN_EDGES_PER_WARP, ("min", MAX_EDGES_PER_WARP, ("cdiv", "num_edges", ("max", "nodes", 1))))
 
 
 def unsupported_reason(problem: TPProblem) -> str | None:
@@ -667,7 +687,7 @@ def chunk_blocks(spec: KernelSpec, schedule: Schedule) -> list[int]:
 def node_layout(spec: KernelSpec) -> str:
     """Column layout of the gathered node rows (x, ggx, and grad_z by sender): e3nn's (mul, 2l+1) blocks for
     the batched TP (each row read once), (2l+1, mul) for the convolution, whose node rows many edges gather
-    (lane = channel: coalesced). The launcher permutes e3nn's columns into it (``runtime.layout``)."""
+    (lane = channel: coalesced). The launch sequence gathers e3nn's columns into it (``steps.column_gather``)."""
     return "mul_ir" if spec.variant == "tp" else "ir_mul"
 
 
@@ -705,8 +725,9 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         Argument("acc_out", f"{t}*", "output", f"[{rows}, {acc}] mul_ir", optional=not spec.accumulates),
         Argument("fixup", f"{t}*", "scratch", f"[ceil(num_edges / edges_per_warp), {acc}] first-row partials",
                  optional=not ordered),
-        Argument("gy_out", f"{t}*", "output" if gy_partials <= 1 else "scratch",
-                 f"[{max(gy_partials, 1)}, num_edges, D_IN2] mul_ir, one partial per phase", optional=not need_y),
+        Argument("gy_out", f"{t}*", "output", "[num_edges, D_IN2] mul_ir", optional=not need_y)
+        if gy_partials <= 1 else  # one partial per phase, summed in phase order by the launch sequence
+        Argument("gy_out", f"{t}*", "scratch", f"[{gy_partials}, num_edges, D_IN2] mul_ir, one partial per phase"),
         Argument("gw_out", f"{t}*", "output", "[num_edges, W_NUMEL]", optional=not need_w),
         Argument("num_edges", "long long", "scalar"),
         Argument("edges_per_warp", "int", "scalar"),

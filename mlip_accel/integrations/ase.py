@@ -16,6 +16,7 @@ require("ase", "mlip_accel's AcceleratedCalculator")  # one line naming the extr
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 from ase.stress import full_3x3_to_voigt_6_stress
 
+import numpy as np
 import torch
 
 from .cuda_graphs import StepEvaluator
@@ -35,17 +36,24 @@ class AcceleratedCalculator(Calculator):
     each evaluation as a CUDA graph. ``pad_edges``: pad the neighbour list with inert edges to an edge
     capacity (default: whenever graphs are on; also works on the CPU). ``num_edges``: real edges of the last
     call; ``edge_capacity``: edges the model was called with after padding.
+
+    ``neighbor_skin`` (Å, default 0: a new list every call): build the neighbour list within r_max + skin and
+    reuse it until some atom has moved more than skin/2 (:class:`~.neighbors.NeighborList`); the extra edges
+    beyond r_max contribute exact zeros, so results are those without a skin. ``num_edges`` then counts the
+    list's edges up to r_max + skin; ``neighbor_list.builds`` how many lists were built.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
-    def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None, **kwargs):
+    def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None,
+                 neighbor_skin: float = 0.0, **kwargs):
         require("vesin", "mlip_accel's AcceleratedCalculator (neighbour lists)")
         super().__init__(**kwargs)
         self.potential = potential
-        self.neighbor_list = NeighborList(potential.r_max, potential.device)
+        self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin)
         self.evaluator = StepEvaluator(potential, cuda_graphs=cuda_graphs, pad_edges=pad_edges)
         self.num_edges = 0
+        self._inputs_cache = None  # (numbers, types on the device, cell, cell on the device)
 
     @property
     def edge_capacity(self) -> int:
@@ -92,20 +100,34 @@ class AcceleratedCalculator(Calculator):
         atoms = self.atoms
         if len(atoms) == 0:
             raise InputError("the structure has no atoms")
-        types = self.potential.atom_types(atoms.numbers)
         positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
+        types, cell_t = self._device_inputs(atoms.numbers, cell)  # unknown elements fail here, first
         neighbors = self.neighbor_list(positions, cell, pbc)
         self.num_edges = neighbors.num_edges
         want_stress = "stress" in properties
-        f64 = dict(dtype=torch.float64, device=self.potential.device)
-        result = evaluation(self.evaluator(torch.as_tensor(positions, **f64), torch.as_tensor(cell, **f64), pbc,
-                                           types, neighbors, stress=want_stress and cell_has_volume(cell, pbc)))
+        positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
+        # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
+        result = evaluation(self.evaluator(positions_t, cell_t, pbc, types, neighbors, copy_outputs=False,
+                                           stress=want_stress and cell_has_volume(cell, pbc)))
         if want_stress and result.stress is None:
             raise PropertyNotImplementedError("stress needs a periodic structure whose cell has a volume")
         self.results = {"energy": result.energy, "free_energy": result.energy, "energies": result.energies,
                         "forces": result.forces}
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
+
+    def _device_inputs(self, numbers, cell) -> tuple:
+        """The model types and the cell on the device, sent again only when they change (an MD run keeps
+        both: one host comparison per step instead of two host-to-device copies, and the graph's input
+        buffers skip tensors they already hold)."""
+        cached = self._inputs_cache
+        if cached is None or not np.array_equal(cached[0], numbers):
+            types = self.potential.atom_types(numbers)
+            cached = self._inputs_cache = (np.array(numbers), types, None, None)
+        if cached[2] is None or not np.array_equal(cached[2], cell):
+            cell_t = torch.as_tensor(cell, dtype=torch.float64, device=self.potential.device).view(3, 3)
+            cached = self._inputs_cache = cached[:2] + (np.array(cell), cell_t)
+        return cached[1], cached[3]
 
     def describe(self):
         """What runs: ``print(calc.describe())`` (the same report as :func:`mlip_accel.describe`)."""

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--head", default=None, help="head of a multi-head MACE model (refused for NequIP models)")
     md.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                     help="replay each step's model evaluation as a CUDA graph (default: on for CUDA devices)")
+    md.add_argument("--neighbor-skin", type=non_negative_float, default=0.0, metavar="A",
+                    help="build the neighbour list within the cutoff + A and reuse it until an atom has moved "
+                         "A/2 (exact: the extra edges contribute zero; default 0, a new list every step)")
     md.add_argument("--compare", action="store_true",
                     help="also run the unaccelerated (e3nn) model for the same steps: speedup and force difference "
                          "(that run writes no trajectory)")
@@ -282,7 +285,8 @@ def _calculator(args, accelerate: bool):
     # the --compare baseline runs as its framework runs it: eagerly
     graphs = ("auto" if args.cuda_graphs is None else args.cuda_graphs) if accelerate else False
     calc = AcceleratedCalculator.from_file(model, device=args.device, dtype=args.dtype, backend=backend,
-                                           accelerate=accelerate, head=args.head, cuda_graphs=graphs)
+                                           accelerate=accelerate, head=args.head, cuda_graphs=graphs,
+                                           neighbor_skin=args.neighbor_skin)
     if args.model is None:
         calc.potential.source = f"built-in {default_model.SHORT_NAME}"
     return calc
@@ -515,8 +519,13 @@ def _summary(result, calc, args, out, session: _Session) -> None:
     if calc.evaluator.graphs is not None:
         graphs = calc.evaluator.graphs
         state = "on" if calc.cuda_graphs else f"off after a failed capture ({graphs.disabled})"
+        if graphs.eager_large and calc.edge_capacity == calc.num_edges:
+            state = f"off above {graphs.max_graph_edges} edges ({graphs.eager_large} eager steps)"
         print(f"  graphs  : {state}; edge capacity {calc.edge_capacity}, {graphs.captures} captures, "
               f"{graphs.replays} replays, {graphs.nbytes / 2**20:.0f} MiB held", file=out)
+    if calc.neighbor_list.skin > 0:
+        print(f"  nlist   : skin {calc.neighbor_list.skin:g} A, {calc.neighbor_list.builds} lists built "
+              f"for {result.steps + 1} evaluations", file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)
     if args.ensemble == "nve":

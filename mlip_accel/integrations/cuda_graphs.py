@@ -17,10 +17,21 @@ Use it in one's own MD loop (device tensors in, device tensors out, no host roun
 
 Graphs are kept per (atom count, edge capacity, dtype, outputs, cell or not), at most ``max_graphs`` of
 them and ``max_graph_bytes`` of graph memory (default: a quarter of the GPU's memory; least recently used
-dropped first, the newest always kept), and dropped with the evaluator. A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is
-noticed through its parameters' storage addresses and version counters and captured again. Where a
-capture fails (out of memory, an operation that needs the host), the evaluation runs eagerly from then
-on, after one warning that says why.
+dropped first, the newest always kept), and dropped with the evaluator. All graphs of one cache are captured
+into one shared memory pool (``torch.cuda.graph_pool_handle``): a capture reuses the intermediates' memory
+of the graphs before it instead of reserving its own, so the cache holds about as much as its largest graph
+plus the outputs of the others (graphs replay one at a time, on one stream, and every graph's static inputs
+and outputs stay allocated, so no replay overwrites another graph's live data).
+
+With ``cuda_graphs="auto"`` graphs switch themselves off for lists above :data:`DEFAULT_AUTO_MAX_EDGES`
+padded edges, where the eager step is bound by the GPU and a graph would only add the padding's work: those
+steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps graphs up to
+:data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond).
+
+A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is noticed through
+its parameters' storage addresses and version counters and captured again. Where a capture fails (out of
+memory, an operation that needs the host), the evaluation runs eagerly from then on, after one warning that
+says why.
 """
 from __future__ import annotations
 
@@ -28,15 +39,42 @@ import collections
 import dataclasses
 import warnings
 
+import numpy as np
 import torch
 
 from .errors import InputError
 from .neighbors import Neighbors
-from .padding import EdgeCapacity, pad_neighbors, padding_cell
+from .padding import EdgeCapacity, PaddingTail, pad_neighbors, padding_cell
 
 WARMUP_CALLS = 2  # eager calls on a side stream before a capture: lazy initialisation, kernel compilation
 DEFAULT_MAX_GRAPHS = 8
-DEFAULT_MAX_GRAPH_EDGES = 4_000_000  # beyond this a padded list runs eagerly (graph memory, little gain)
+DEFAULT_MAX_GRAPH_EDGES = 4_000_000  # cuda_graphs=True: beyond this a padded list runs eagerly (graph memory)
+
+# Where a graph stops helping. The eager step costs max(host time, GPU time): its host time H (a few hundred
+# launches from Python) does not depend on the system size, its GPU time grows with the edges. A replay costs
+# the GPU time of the padded list, G(E) = G0 + g E. Graphs gain while G(capacity) < H; beyond the break-even
+# E* = (H - G0) / g the eager step is GPU-bound and a graph would only add the padding's extra edges (up to
+# the 10 % headroom). Measured anchors, fp32 (H: the host-bound eager step at 32 atoms; G at the 32-atom
+# cluster, 818 edges, and at 1000 diamond-carbon atoms, 158,000 edges at 6 A):
+#   (machine and model, H ms, G(818) ms, G(158000) ms)
+_BREAK_EVEN_ANCHORS = (
+    ("H200 MACE-MP-0-medium size, issue 13", 22.2, 2.29, 16.3),  # E* = 2.24e5
+    ("H200 NequIP OAM-L size, issue 13", 56.6, 4.07, 26.4),  # E* = 3.70e5
+    ("H100 MACE-MP-0-medium size, benchmarks/cuda_graphs_notes.md", 30.8, 2.82, 20.0),  # E* = 2.57e5
+    ("H100 NequIP OAM-L size, benchmarks/cuda_graphs_notes.md", 70.8, 5.93, 33.3),  # E* = 3.73e5
+)
+
+
+def break_even_edges(host_ms: float, graph_ms_small: float, graph_ms_large: float, edges_small: int = 818,
+                     edges_large: int = 158_000) -> float:
+    """Padded edge count where a replay (linear in the edges through the two anchors) costs the eager host time."""
+    per_edge = (graph_ms_large - graph_ms_small) / (edges_large - edges_small)
+    return edges_small + (host_ms - graph_ms_small) / per_edge
+
+
+# the smallest break-even of the anchors (MACE on an H200), rounded down to 10,000: 220,000 padded edges,
+# about 1400 atoms of diamond carbon at a 6 A cutoff. Below it every anchor gains from graphs.
+DEFAULT_AUTO_MAX_EDGES = int(min(break_even_edges(*a[1:]) for a in _BREAK_EVEN_ANCHORS) // 10_000 * 10_000)
 
 
 def resolve_cuda_graphs(cuda_graphs, device: torch.device) -> bool:
@@ -105,13 +143,14 @@ class _Graph:
     inputs: dict  # static input buffers
     outputs: dict  # static output tensors (overwritten by each replay)
     nbytes: int  # device memory the capture added (its private pool and outputs)
+    sources: dict  # name -> (the tensor last copied into the input buffer, its version counter then)
 
 
 class GraphCache:
     """Captured evaluations of one potential, keyed by shapes and outputs; see the module docstring."""
 
     def __init__(self, potential, max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int | None = None,
-                 max_graph_edges: int = DEFAULT_MAX_GRAPH_EDGES):
+                 max_graph_edges: int = DEFAULT_MAX_GRAPH_EDGES, warn_large: bool = True, shared_pool: bool = True):
         self.potential = potential
         self.max_graphs = int(max_graphs)
         if max_graph_bytes is None and potential.device.type == "cuda":
@@ -119,26 +158,50 @@ class GraphCache:
             max_graph_bytes = torch.cuda.get_device_properties(potential.device).total_memory // 4
         self.max_graph_bytes = max_graph_bytes
         self.max_graph_edges = int(max_graph_edges)
+        self.warn_large = warn_large  # False for cuda_graphs="auto": switching off above the limit is the design
+        self.shared_pool = shared_pool  # False: a private pool per graph (torch's default; for comparisons)
         self._graphs: collections.OrderedDict = collections.OrderedDict()
+        self._pool = None  # the shared memory pool's handle, made at the first capture after a clear
+        self._pool_nbytes = 0  # the shared pool's reserved bytes, measured after the last capture
         self._fingerprint = None
         self._tensors = _ModelTensors(potential.model)
         self.disabled: str | None = None  # why graphs are off for good (a failed capture), else None
         self.captures = 0  # diagnostics, tests
         self.replays = 0
+        self.eager_large = 0  # calls run eagerly because their list was above max_graph_edges
         self._warned_large = False
 
     @property
     def nbytes(self) -> int:
-        """Device memory held by the cached graphs (bytes)."""
+        """Device memory held by the cached graphs (bytes): the shared pool's reserved memory (or the sum of
+        the private pools), measured after each capture."""
+        if not self._graphs:
+            return 0
+        if self.shared_pool and self._pool_nbytes:
+            return self._pool_nbytes
         return sum(g.nbytes for g in self._graphs.values())
 
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def fits(self, num_edges: int) -> bool:
+        """Whether a padded list of ``num_edges`` edges may run as a graph (warns once, where asked, if not)."""
+        if num_edges <= self.max_graph_edges:
+            return True
+        self.eager_large += 1
+        if self.warn_large and not self._warned_large:
+            self._warned_large = True
+            warnings.warn(f"mlip_accel: {num_edges} padded edges exceed max_graph_edges={self.max_graph_edges}: "
+                          "structures this large run without CUDA graphs", RuntimeWarning, stacklevel=4)
+        return False
+
     def clear(self) -> None:
         for entry in self._graphs.values():
             entry.graph.reset()
         self._graphs.clear()
+        # the old pool is released once its last graph is gone; torch refuses to capture into a released pool
+        # that still exists, so the next capture starts a new one
+        self._pool, self._pool_nbytes = None, 0
 
     def __del__(self):
         try:
@@ -146,16 +209,13 @@ class GraphCache:
         except Exception:  # interpreter shutdown
             pass
 
-    def run(self, positions, cell, types, neighbors: Neighbors, with_cell: bool, stress: bool) -> dict | None:
-        """The evaluation replayed from a graph (outputs cloned), or None: run it eagerly instead."""
-        if self.disabled is not None:
-            return None
-        if neighbors.num_edges > self.max_graph_edges:
-            if not self._warned_large:
-                self._warned_large = True
-                warnings.warn(f"mlip_accel: {neighbors.num_edges} padded edges exceed max_graph_edges="
-                              f"{self.max_graph_edges}: structures this large run without CUDA graphs",
-                              RuntimeWarning, stacklevel=3)
+    def run(self, positions, cell, types, neighbors: Neighbors, with_cell: bool, stress: bool,
+            copy_outputs: bool = True, own_edges: bool = False) -> dict | None:
+        """The evaluation replayed from a graph, or None: run it eagerly instead. ``copy_outputs=False``:
+        the graph's own output tensors, overwritten by its next replay (for a caller that reads them at once).
+        ``own_edges``: the edge tensors are the caller's own (no one else writes them), so the same unedited
+        tensors as the last replay need no copy."""
+        if self.disabled is not None or not self.fits(neighbors.num_edges):
             return None
         if self._tensors.model is not self.potential.model:  # the potential got another model object
             self._tensors = _ModelTensors(self.potential.model)
@@ -175,19 +235,28 @@ class GraphCache:
             self._evict()
         else:
             self._graphs.move_to_end(key)
+            sources = {"positions": positions, "cell": cell, "types": types, "receivers": neighbors.receivers,
+                       "senders": neighbors.senders, "unit_shifts": neighbors.unit_shifts}
             with torch.no_grad():
-                static = entry.inputs
-                static["positions"].copy_(positions)
-                static["cell"].copy_(cell)
-                static["types"].copy_(types)
-                static["receivers"].copy_(neighbors.receivers)
-                static["senders"].copy_(neighbors.senders)
-                static["unit_shifts"].copy_(neighbors.unit_shifts)
+                kept = _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ())
+                for name, source in sources.items():
+                    # the cell and types already in the buffer (the same tensor, unedited since: an MD run's
+                    # fixed cell and types), and the evaluator's own padded edges of a reused neighbour list,
+                    # are not copied again; positions always are
+                    seen = entry.sources.get(name)
+                    if seen is None or seen[0] is not source or seen[1] != _version(source):
+                        entry.inputs[name].copy_(source)
+                        entry.sources[name] = (source, _version(source)) if name in kept else None
         entry.graph.replay()
         self.replays += 1
+        if not copy_outputs:
+            return dict(entry.outputs)
         return {k: v.clone() for k, v in entry.outputs.items()}
 
     def _evict(self) -> None:
+        # With a shared pool, dropping a graph leaves its memory in the pool for the next capture to reuse
+        # rather than returning it to the GPU: over the byte bound the cache keeps only the newest graph, and
+        # the pool stops growing (its size is then about that of the largest graph captured).
         while len(self._graphs) > 1 and (len(self._graphs) > self.max_graphs or (
                 self.max_graph_bytes is not None and self.nbytes > self.max_graph_bytes)):
             _, old = self._graphs.popitem(last=False)
@@ -195,35 +264,17 @@ class GraphCache:
 
     def _capture(self, positions, cell, types, neighbors, with_cell, stress) -> _Graph | None:
         device = positions.device
-        inputs = {"positions": positions.clone(), "cell": cell.clone(), "types": types.clone(),
-                  "receivers": neighbors.receivers.clone(), "senders": neighbors.senders.clone(),
-                  "unit_shifts": neighbors.unit_shifts.clone()}
+        sources = {"positions": positions, "cell": cell, "types": types, "receivers": neighbors.receivers,
+                   "senders": neighbors.senders, "unit_shifts": neighbors.unit_shifts}
+        inputs = {name: source.clone() for name, source in sources.items()}
 
         def step():
             static = Neighbors(inputs["receivers"], inputs["senders"], inputs["unit_shifts"])
             return self.potential.compute(inputs["positions"], inputs["cell"], inputs["types"], static,
                                           with_cell=with_cell, stress=stress)
 
-        before = torch.cuda.memory_allocated(device)
         try:
-            # Warm-up on a side stream, as torch.cuda.graph asks: it also validates the inputs (index ranges,
-            # which the ops skip while capturing) and compiles kernels before the capture.
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_CALLS):
-                    step()
-            torch.cuda.current_stream(device).wait_stream(side)
-            if self._tensors.fingerprint() != self._fingerprint:
-                raise RuntimeError("the model edits its own parameters or buffers when it runs")
-            with torch.no_grad():
-                # a new version of the edge buffers: the model's one-entry edge-sort cache (mlip_accel.graph) must
-                # miss, so that the sort is captured, not its warm-up result baked into the graph
-                inputs["receivers"].add_(0)
-                inputs["senders"].add_(0)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = step()
+            graph, outputs, nbytes = self._record(step, inputs, device)
         except Exception as err:  # out of memory, an op that syncs with the host, a framework path we can't capture
             self.disabled = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             warnings.warn(f"mlip_accel: CUDA graph capture failed ({self.disabled}); this model runs without CUDA "
@@ -231,10 +282,53 @@ class GraphCache:
             self.clear()
             return None
         self.captures += 1
-        # the graph's private pool stays reserved for its replays; where torch cannot say its size, count
-        # what the capture left allocated (its outputs and the intermediates it keeps)
-        nbytes = _pool_bytes(graph, device) or max(0, torch.cuda.memory_allocated(device) - before)
-        return _Graph(graph=graph, inputs=inputs, outputs=outputs, nbytes=nbytes)
+        return _Graph(graph=graph, inputs=inputs, outputs=outputs, nbytes=nbytes,
+                      sources={name: (sources[name], _version(sources[name])) for name in _KEPT_INPUTS})
+
+    def _record(self, step, inputs: dict, device) -> tuple:
+        """(graph, its output tensors, device bytes it added): ``step`` warmed up and captured on ``device``
+        (the CUDA-only part of a capture; tests replace it to check the cache's bookkeeping on a CPU)."""
+        before = torch.cuda.memory_allocated(device)
+        # Warm-up on a side stream, as torch.cuda.graph asks: it also validates the inputs (index ranges,
+        # which the ops skip while capturing) and compiles kernels before the capture.
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_CALLS):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._tensors.fingerprint() != self._fingerprint:
+            raise RuntimeError("the model edits its own parameters or buffers when it runs")
+        with torch.no_grad():
+            # a new version of the edge buffers: the model's one-entry edge-sort cache (mlip_accel.graph) must
+            # miss, so that the sort is captured, not its warm-up result baked into the graph
+            inputs["receivers"].add_(0)
+            inputs["senders"].add_(0)
+        graph = torch.cuda.CUDAGraph()
+        if self.shared_pool and self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool if self.shared_pool else None):
+            outputs = step()
+        # the graph's pool stays reserved for its replays; where torch cannot say its size, count what the
+        # capture left allocated (its outputs and the intermediates it keeps). Shared pool: the entry counts
+        # what the pool grew by at this capture, the cache reports the whole pool.
+        pool_now = _pool_bytes(graph, device)
+        nbytes = (pool_now - self._pool_nbytes if self.shared_pool and pool_now else pool_now) \
+            or max(0, torch.cuda.memory_allocated(device) - before)
+        if self.shared_pool:
+            self._pool_nbytes = pool_now
+        return graph, outputs, nbytes
+
+
+# inputs whose buffer copy is skipped when the caller passes the same, unedited tensor again (StepEvaluator);
+# the edges only when they are the evaluator's own padded tensors (a neighbour list reused with a skin)
+_KEPT_INPUTS = ("cell", "types")
+_EDGE_INPUTS = ("receivers", "senders", "unit_shifts")
+
+
+def _version(t: torch.Tensor):
+    """``t``'s version counter (None for inference tensors, which cannot be edited in place)."""
+    return None if t.is_inference() else t._version
 
 
 def _pool_bytes(graph, device) -> int:
@@ -254,24 +348,35 @@ def _pool_bytes(graph, device) -> int:
 class StepEvaluator:
     """Energy, per-atom energies, forces and (when asked) stress of one structure, from device tensors.
 
-    ``cuda_graphs``: "auto" (on for CUDA devices), True or False. ``pad_edges``: pad the neighbour list to an
-    edge capacity with inert edges (default: whenever graphs are on; works on the CPU too). ``headroom`` and
+    ``cuda_graphs``: "auto" (on for CUDA devices, off above ``max_graph_edges`` padded edges, default
+    :data:`DEFAULT_AUTO_MAX_EDGES`), True (default ``max_graph_edges``: :data:`DEFAULT_MAX_GRAPH_EDGES`) or
+    False. ``pad_edges``: pad the neighbour list to an edge capacity with inert edges (default: whenever
+    graphs are on, and then only for lists that run as graphs; works on the CPU too). ``headroom`` and
     ``growth``: the capacity policy (:class:`~.padding.EdgeCapacity`). ``num_edges`` and ``edge_capacity``
     report the last call's real and padded edge counts.
     """
 
     def __init__(self, potential, cuda_graphs="auto", pad_edges: bool | None = None, headroom: float = 1.1,
                  growth: float = 1.25, max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int | None = None,
-                 max_graph_edges: int = DEFAULT_MAX_GRAPH_EDGES):
+                 max_graph_edges: int | None = None):
         self.potential = potential
         graphs = resolve_cuda_graphs(cuda_graphs, potential.device)
         self.pad_edges = graphs if pad_edges is None else bool(pad_edges)
+        # padding that exists only for the graphs' sake is skipped where a list runs eagerly (it would only cost)
+        self._pad_for_graphs_only = pad_edges is None
         if graphs and not self.pad_edges:
             raise InputError("cuda_graphs needs pad_edges (a graph has a fixed edge count); leave pad_edges unset")
         self.capacity = EdgeCapacity(headroom, growth)
-        self.graphs = GraphCache(potential, max_graphs, max_graph_bytes, max_graph_edges) if graphs else None
+        auto = cuda_graphs == "auto" or cuda_graphs is None
+        if max_graph_edges is None:
+            max_graph_edges = DEFAULT_AUTO_MAX_EDGES if auto else DEFAULT_MAX_GRAPH_EDGES
+        self.graphs = GraphCache(potential, max_graphs, max_graph_bytes, max_graph_edges,
+                                 warn_large=not auto) if graphs else None
         self.num_edges = 0
         self.edge_capacity = 0
+        self._padding_key = self._padding_value = None
+        self._tail = None
+        self._padded = None  # the last padding made (see __call__), reused for the same unedited list
 
     @property
     def cuda_graphs(self) -> bool:
@@ -283,26 +388,58 @@ class StepEvaluator:
         if self.graphs is not None:
             self.graphs.clear()
 
+    def _padding(self, cell: torch.Tensor, pbc: tuple) -> tuple:
+        """:func:`~.padding.padding_cell` of this cell, reused while the cell is the same unedited tensor."""
+        key = (cell, _version(cell), pbc)
+        if self._padding_key is None or self._padding_key[0] is not cell or self._padding_key[1:] != key[1:]:
+            self._padding_key, self._padding_value = key, padding_cell(cell, pbc, self.potential.r_max)
+        return self._padding_value
+
     def __call__(self, positions: torch.Tensor, cell: torch.Tensor, pbc, types: torch.Tensor, neighbors: Neighbors,
-                 stress: bool = False) -> dict:
+                 stress: bool = False, copy_outputs: bool = True) -> dict:
         """``positions`` (N, 3) and ``cell`` (3, 3) float64, ``types`` (N,) int64 model types
         (``potential.atom_types``), ``neighbors`` (:class:`~.neighbors.Neighbors`, real edges), all on the
         model's device; ``pbc``: three booleans. ``stress=True`` needs a periodic cell with a volume.
-        Returns device tensors ``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3), ``stress`` (3, 3)."""
-        periodic = bool(torch.as_tensor(pbc).any())
+        Returns device tensors ``energy`` (scalar), ``energies`` (N,), ``forces`` (N, 3), ``stress`` (3, 3).
+        ``copy_outputs=False``: a replayed graph's results may be its own output buffers, valid until the next
+        call (saves a copy per output where the caller reads them at once, as the ASE calculator does).
+        A ``cell``, ``types`` or ``neighbors`` passed again unedited (the same tensors, the same Neighbors) is
+        not copied into the graph or padded again: edit them through torch (which counts in-place edits), not
+        through DLPack/CuPy views, or pass new tensors."""
+        if isinstance(pbc, torch.Tensor):  # three booleans are expected; a tensor is read once here
+            pbc = pbc.cpu().numpy()
+        pbc = tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
+        periodic = any(pbc)
         self.num_edges = neighbors.num_edges
         if not self.pad_edges:
             self.edge_capacity = neighbors.num_edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
         capacity = self.capacity.fit(neighbors.num_edges)
-        model_cell, shift = padding_cell(cell, pbc, self.potential.r_max)
-        padded = pad_neighbors(neighbors, capacity, positions.shape[0], shift)
+        if self.graphs is not None and self._pad_for_graphs_only and not self.graphs.fits(capacity):
+            self.edge_capacity = neighbors.num_edges  # too large for a graph: eager on the real edges
+            return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
+        model_cell, shift = self._padding(cell, pbc)
+        extra, num_atoms = capacity - neighbors.num_edges, positions.shape[0]
+        if extra and (self._tail is None or not self._tail.fits(extra, num_atoms, shift)):
+            self._tail = PaddingTail(capacity, num_atoms, shift, positions.device)
+        # a neighbour list reused (a skin) at the same capacity is padded once: the same padded tensors
+        versions = tuple(_version(t) for t in (neighbors.receivers, neighbors.senders, neighbors.unit_shifts))
+        last = self._padded  # (neighbors, shift, (capacity, atoms, versions), padded) of the last padding made
+        same = (capacity, num_atoms, versions)
+        if last is not None and last[0] is neighbors and last[1] is shift and last[2] == same:
+            padded = last[3]
+        else:
+            padded = pad_neighbors(neighbors, capacity, num_atoms, shift, tail=self._tail)
+            self._padded = ((neighbors, shift, (capacity, num_atoms, versions), padded)
+                            if padded is not neighbors else None)
         self.edge_capacity = capacity
         if self.graphs is not None:
-            out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress)
+            out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress,
+                                  copy_outputs=copy_outputs, own_edges=padded is not neighbors)
             if out is not None:
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
 
 
-__all__ = ["GraphCache", "StepEvaluator", "parameter_fingerprint", "resolve_cuda_graphs"]
+__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "StepEvaluator", "break_even_edges",
+           "parameter_fingerprint", "resolve_cuda_graphs"]

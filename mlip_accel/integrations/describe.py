@@ -25,6 +25,8 @@ class Layer:
     requested: str | None  # the backend asked for (mlip_accel layers): "auto", "cuda" or "reference"
     deterministic: bool | None
     reason: str | None  # why this implementation and not the fused CUDA kernels
+    # accelerate(..., stream_edges=True): "streamed: <radial network>" or "not streamed: <why>"; None if not asked
+    edge_streaming: str | None = None
 
     @property
     def backend(self) -> str:
@@ -68,6 +70,8 @@ class Description:
                 text += f" [{', '.join(options)}]"
             if layer.reason:
                 text += f" - {layer.reason}"
+            if layer.edge_streaming:
+                text += f"; radial MLP {layer.edge_streaming}"
             lines.append(text)
         if not self.layers:
             lines.append("    (no layer that mlip_accel knows: nothing to accelerate)")
@@ -121,12 +125,21 @@ def _implementation(requested: str, device) -> tuple[str, str | None]:
 
 
 def _kind(wrapper) -> str:
-    name = type(wrapper).__name__
-    if name == "MlipAccelTensorProductScatter":
+    names = [c.__name__ for c in type(wrapper).__mro__]  # the edge-streamed wrappers subclass these
+    if "MlipAccelTensorProductScatter" in names:
         return "NequIP TensorProductScatter"
-    if name == "MACEFusedConv":
+    if "MACEFusedConv" in names:
         return "MACE conv_tp"
-    return name
+    return names[0]
+
+
+def _edge_streaming(wrapper) -> str | None:
+    """How the adapters' stream_edges option left this wrapper (patches/edge_stream.py), None if not asked."""
+    radial = getattr(wrapper, "_radial", None)
+    if radial:
+        return f"streamed into the convolution: {radial[0].description.describe()}"
+    refusal = getattr(wrapper, "edge_streaming", None)
+    return f"not streamed ({refusal.reason})" if refusal is not None else None
 
 
 def _plain_kind(name: str, module) -> str | None:
@@ -159,7 +172,8 @@ def _layers(modules, device) -> list:
                                     None, None, None))
             elif isinstance(conv, ours) and not isinstance(module, ours):  # our wrapper of a framework layer
                 inside.add(id(conv))
-                layers.append(_accelerated_layer(prefix + name, _kind(module), conv, device))
+                layer = _accelerated_layer(prefix + name, _kind(module), conv, device)
+                layers.append(dataclasses.replace(layer, edge_streaming=_edge_streaming(module)))
             elif isinstance(module, ours):
                 layers.append(_accelerated_layer(prefix + name, type(module).__name__, module, device))
             else:

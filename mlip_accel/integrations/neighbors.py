@@ -50,29 +50,64 @@ def same_pairs(a: Neighbors, b: Neighbors) -> bool:
 
 
 class NeighborList:
-    """Full neighbour list within ``cutoff`` (Å), recomputed every call (MD moves the atoms every step).
+    """Full neighbour list within ``cutoff`` (Å), recomputed every call (MD moves the atoms every step), or
+    with a ``skin`` (Å, opt-in): built within ``cutoff + skin`` and reused until some atom has moved more
+    than ``skin / 2`` since the build (or the cell, the periodicity or the atom count changed). Every pair
+    within ``cutoff`` then is in the list (two atoms that each moved less than skin/2 came closer by less than
+    skin); the extra edges between ``cutoff`` and ``cutoff + skin`` contribute exact zeros to NequIP and MACE
+    models, whose cutoff envelopes are masked to 0 beyond r_max (``x < r_max``), so results are those of the
+    skin-free list. ``builds`` counts the lists built.
 
     ``device``: where the model runs. On CUDA the list is built on the GPU when vesin's CUDA code works
     in this process (tried once; on failure it warns and stays on the CPU) and the edges never cross PCIe.
     """
 
-    def __init__(self, cutoff: float, device: torch.device | str = "cpu"):
+    def __init__(self, cutoff: float, device: torch.device | str = "cpu", skin: float = 0.0):
         import vesin
 
         if not cutoff > 0:
             raise ValueError(f"cutoff must be positive, got {cutoff!r}")
+        if not (skin >= 0 and np.isfinite(skin)):
+            raise InputError(f"the neighbour-list skin must be a finite length >= 0 (A), got {skin!r}")
         self.cutoff = float(cutoff)
+        self.skin = float(skin)
+        list_cutoff = self.cutoff + self.skin
         self.device = torch.device(device)
-        self._cpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True, sorted=True)
-        self._gpu = vesin.NeighborList(cutoff=self.cutoff, full_list=True) if self.device.type == "cuda" else None
+        self._cpu = vesin.NeighborList(cutoff=list_cutoff, full_list=True, sorted=True)
+        self._gpu = vesin.NeighborList(cutoff=list_cutoff, full_list=True) if self.device.type == "cuda" else None
         self.on_gpu = self._gpu is not None
         self._gpu_checked = False
+        self.builds = 0
+        self._built = None  # skin > 0: (positions, cell, pbc, Neighbors) of the last build
+
+    def reusable(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
+        """Whether the last list still holds every pair within the cutoff (see the class docstring)."""
+        if self._built is None:
+            return False
+        old_positions, old_cell, old_pbc, _ = self._built
+        if old_positions.shape != positions.shape or not (np.array_equal(old_cell, cell)
+                                                          and np.array_equal(old_pbc, pbc)):
+            return False
+        moved = np.einsum("ij,ij->i", positions - old_positions, positions - old_positions)
+        # strict: a pair at exactly cutoff + skin at the build is outside the list
+        return bool(moved.size == 0 or moved.max() < (self.skin / 2) ** 2)
 
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
         positions = np.ascontiguousarray(positions, dtype=np.float64)
         cell = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
         pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+        if self.skin > 0:
+            if self.reusable(positions, cell, pbc):
+                return self._built[3]
+            check_cell(cell, pbc)
+            neighbors = self._build(positions, cell, pbc)
+            self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors)
+            return neighbors
         check_cell(cell, pbc)
+        return self._build(positions, cell, pbc)
+
+    def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> Neighbors:
+        self.builds += 1
         if self.on_gpu:
             try:
                 gpu = self._compute_gpu(positions, cell, pbc)
@@ -92,7 +127,7 @@ class NeighborList:
 
     def _give_up_gpu(self, why: str) -> None:
         warnings.warn(f"mlip_accel: the neighbour list on the GPU is not used: {why}; building it on the "
-                      "CPU from now on", RuntimeWarning, stacklevel=3)
+                      "CPU from now on", RuntimeWarning, stacklevel=4)
         self.on_gpu = False
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:

@@ -42,19 +42,20 @@ def padding_cell(cell: torch.Tensor, pbc, r_max: float) -> tuple[torch.Tensor, t
         stand_in = torch.eye(3, dtype=cell.dtype, device=cell.device) * length
         return stand_in, torch.eye(3, dtype=torch.int64, device=cell.device)[0]
     norms = torch.linalg.vector_norm(cell, dim=1)
-    for axis in range(3):
-        if not pbc[axis]:
-            norms = norms * (torch.arange(3, device=cell.device) != axis)
-    axis = torch.argmax(norms)
-    repeats = torch.ceil(length / norms[axis]).clamp(min=1).to(torch.int64)
-    return cell, (torch.arange(3, device=cell.device) == axis).to(torch.int64) * repeats
+    if not all(pbc):
+        norms = norms * torch.tensor(pbc, dtype=norms.dtype).to(cell.device, non_blocking=True)
+    # the longest periodic vector by max and argmax: indexing with a device tensor would read it on the host
+    longest = torch.arange(3, device=cell.device) == torch.argmax(norms)
+    return cell, longest * torch.ceil(length / norms.max()).clamp(min=1).to(torch.int64)
 
 
-def pad_neighbors(neighbors: Neighbors, capacity: int, num_atoms: int, shift) -> Neighbors:
+def pad_neighbors(neighbors: Neighbors, capacity: int, num_atoms: int, shift,
+                  tail: "PaddingTail | None" = None) -> Neighbors:
     """``neighbors`` with ``capacity - num_edges`` inert self-edges appended (see the module docstring).
 
     ``shift``: the padding edges' unit shift, (3,) int64 (:func:`padding_cell`). The real edges keep their
-    order and come first; ``capacity == num_edges`` returns the same edges.
+    order and come first; ``capacity == num_edges`` returns the same edges. ``tail``: padding edges made by
+    an earlier call (:class:`PaddingTail`, reused when it fits this call's capacity, atoms and shift object).
     """
     num_edges = neighbors.num_edges
     if capacity < num_edges:
@@ -65,11 +66,24 @@ def pad_neighbors(neighbors: Neighbors, capacity: int, num_atoms: int, shift) ->
     if extra == 0:
         return neighbors
     device = neighbors.receivers.device
-    atoms = torch.arange(extra, device=device, dtype=torch.int64) % num_atoms
-    shifts = torch.as_tensor(shift, dtype=torch.int64, device=device).view(1, 3).expand(extra, 3)
-    return Neighbors(receivers=torch.cat([neighbors.receivers, atoms]),
-                     senders=torch.cat([neighbors.senders, atoms]),
-                     unit_shifts=torch.cat([neighbors.unit_shifts, shifts]))
+    if tail is None or not tail.fits(extra, num_atoms, shift):
+        tail = PaddingTail(capacity, num_atoms, shift, device)
+    return Neighbors(receivers=torch.cat([neighbors.receivers, tail.atoms[:extra]]),
+                     senders=torch.cat([neighbors.senders, tail.atoms[:extra]]),
+                     unit_shifts=torch.cat([neighbors.unit_shifts, tail.shifts[:extra]]))
+
+
+class PaddingTail:
+    """The padding edges of up to ``capacity`` edges, made once and sliced per call (:func:`pad_neighbors`):
+    an MD run pads to one capacity for many steps, so the atom ids and shifts need not be rebuilt each step."""
+
+    def __init__(self, capacity: int, num_atoms: int, shift, device):
+        self.capacity, self.num_atoms, self.shift = int(capacity), int(num_atoms), shift
+        self.atoms = torch.arange(self.capacity, device=device, dtype=torch.int64) % self.num_atoms
+        self.shifts = torch.as_tensor(shift, dtype=torch.int64, device=device).view(1, 3).expand(self.capacity, 3)
+
+    def fits(self, extra: int, num_atoms: int, shift) -> bool:
+        return extra <= self.capacity and num_atoms == self.num_atoms and shift is self.shift
 
 
 class EdgeCapacity:
@@ -98,4 +112,4 @@ class EdgeCapacity:
         return self.capacity
 
 
-__all__ = ["EdgeCapacity", "pad_neighbors", "padding_cell"]
+__all__ = ["EdgeCapacity", "PaddingTail", "pad_neighbors", "padding_cell"]

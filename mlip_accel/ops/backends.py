@@ -128,9 +128,10 @@ def get(name: str, problem=None):
 def reusing_layouts(name: str):
     """A context in which backend ``name`` prepares each input for its kernels once, however many kernel calls
     read it: the double backward calls forward and backward several times on the same x and grad_z, which the
-    CUDA backend permutes into its kernels' node-row layout (runtime.layout). Nothing to do for the reference."""
+    CUDA backend's launch sequences gather into their kernels' node-row layout (a reusable step of
+    runtime.sequence). Nothing to do for the reference."""
     if name == "cuda":
-        from ..runtime.layout import once_per_tensor
+        from ..runtime.sequence import once_per_tensor
         return once_per_tensor()
     return contextlib.nullcontext()
 

@@ -73,6 +73,20 @@ def swap_transaction():
         raise
 
 
+@contextlib.contextmanager
+def originals_in(blocks, attr: str, swapped_class: type):
+    """Each block's ``attr`` that is one of our ``swapped_class`` swaps holds its ``.original`` for the duration
+    of the block (the plain model a parity check compares against), then our module again."""
+    swapped = [(b, getattr(b, attr)) for b in blocks if isinstance(getattr(b, attr, None), swapped_class)]
+    for block, fast in swapped:
+        setattr(block, attr, fast.original)
+    try:
+        yield
+    finally:
+        for block, fast in swapped:
+            setattr(block, attr, fast)
+
+
 def relative_error(new: torch.Tensor, old: torch.Tensor) -> float:
     """max |new - old| / max |old| in float64 (the plain difference where ``old`` is all zeros; NaN stays NaN)."""
     new, old = new.detach().double(), old.detach().double()

@@ -9,9 +9,9 @@ convolution (walk in that order + fixup), None the atomic one. Which problems ru
 the reference for "auto"). Importing this module
 imports neither CuPy nor a GPU.
 
-The pieces, one job each: ``tuning`` (budgets, edges per warp, test overrides), ``kernels`` (generated
-modules, cached), ``validation`` (input checks), ``layout`` (node-row layouts the plans ask for), ``walk``
-(launch by the plans).
+The pieces, one job each: ``tuning`` (budgets, test overrides), ``kernels`` (generated modules, cached),
+``validation`` (input checks), ``sequence`` (runs a module's launch sequence: layout gathers, walk, fixup,
+ordered sums, all stated by codegen).
 """
 from __future__ import annotations
 
@@ -21,37 +21,29 @@ import torch
 
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
-from .layout import once_per_tensor, to_layout
-from .tuning import accumulator_budget, budget_for, chunk_loops, edges_per_warp  # noqa: F401  (public test overrides)
+from .sequence import once_per_tensor, run
+from .tuning import accumulator_budget, budget_for, chunk_loops, edges_per_warp, scalar_overrides  # noqa: F401  (public test overrides)
 from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_tp
-from .launch_plan import written
-from .walk import walk
 
 
 def _device_guard(device: torch.device):
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def _backward_outputs(problem: TPProblem, x, need, rows_x: int, rows_edge: int):
-    # the launch zero-fills the outputs the plan accumulates into (runtime.launch_plan)
-    gx = written((rows_x, problem.dim_in1), x) if need[0] else None
-    gy = written((rows_edge, problem.dim_in2), x) if need[1] else None
-    gw = written((rows_edge, problem.weight_numel), x) if need[2] else None
-    return gx, gy, gw
-
-
 def _zeros_like_need(x, y, w, need):
     return tuple(torch.zeros_like(t) if n else None for t, n in zip((x, y, w), need))
 
 
-def _gathered(gm, problem: TPProblem, x, gz=None, ggx=None) -> dict:
-    """x and grad_z (and the double walks' ggx) in the layouts the walk's plan gives them."""
-    plan = gm.walk_plan
-    rows = {"x": to_layout(x, plan.argument("x").layout, problem, "in1"),
-            "gz": to_layout(gz, plan.argument("gz").layout, problem, "out")}
-    if gm.spec.double:
-        rows["ggx"] = to_layout(ggx, plan.argument("ggx").layout, problem, "in1")
-    return rows
+def _run(gm, tensors: dict, num_edges: int, nodes: int) -> dict:
+    """Run ``gm``'s launch sequence on the caller's tensors (e3nn's layouts; those this variant does not read,
+    as the edge order of a backward without grad x, are left out); its outputs by name."""
+    seq = gm.sequence
+    return run(seq, {t.name: tensors[t.name] for t in seq.inputs}, {"num_edges": num_edges, "nodes": nodes},
+               tensors["x"].device, scalar_overrides())
+
+
+def _grads(outs: dict, need) -> tuple:
+    return tuple(outs[name] if n else None for name, n in zip(("acc_out", "gy_out", "gw_out"), need))
 
 
 def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -62,9 +54,7 @@ def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Te
         return x.new_zeros(0, problem.dim_out)
     with _device_guard(x.device):
         gm = module_for(problem, DTYPES[x.dtype], "forward", "tp")
-        out = written((rows, problem.dim_out), x)
-        walk(gm, {**_gathered(gm, problem, x), "y": y, "w": w, "acc_out": out, "num_edges": rows}, rows)
-    return out
+        return _run(gm, {"x": x, "y": y, "w": w}, rows, rows)["acc_out"]
 
 
 def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
@@ -76,10 +66,7 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
         return _zeros_like_need(x, y, w, need)
     with _device_guard(x.device):
         gm = module_for(problem, DTYPES[x.dtype], "backward", "tp", need)
-        gx, gy, gw = _backward_outputs(problem, x, need, rows, rows)
-        walk(gm, {**_gathered(gm, problem, x, grad_z), "y": y, "w": w, "acc_out": gx, "gy_out": gy, "gw_out": gw,
-                  "num_edges": rows}, rows)
-    return gx, gy, gw
+        return _grads(_run(gm, {"x": x, "y": y, "w": w, "gz": grad_z}, rows, rows), need)
 
 
 def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, perm=None) -> torch.Tensor:
@@ -91,10 +78,8 @@ def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, perm=None) -> 
     with _device_guard(x.device):
         variant = "atomic" if perm is None else "det"
         gm = module_for(problem, DTYPES[x.dtype], "forward", variant)
-        out = written((num_nodes, problem.dim_out), x)
-        walk(gm, {**_gathered(gm, problem, x), "y": y, "w": w, "order": perm,
-                  "keys": edge_dst, "others": edge_src, "acc_out": out, "num_edges": num_edges}, num_nodes)
-    return out
+        return _run(gm, {"x": x, "y": y, "w": w, "order": perm, "keys": edge_dst, "others": edge_src},
+                    num_edges, num_nodes)["acc_out"]
 
 
 def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, transpose_perm=None,
@@ -109,12 +94,10 @@ def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, trans
     with _device_guard(x.device):
         variant = "atomic" if transpose_perm is None else "det"
         gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need)
-        gx, gy, gw = _backward_outputs(problem, x, need, num_nodes, num_edges)
         # grad x accumulates by sender: the deterministic walk follows the transpose permutation.
-        walk(gm, {**_gathered(gm, problem, x, grad_z), "y": y, "w": w,
-                  "order": transpose_perm, "keys": edge_src, "others": edge_dst,
-                  "acc_out": gx, "gy_out": gy, "gw_out": gw, "num_edges": num_edges}, num_nodes)
-    return gx, gy, gw
+        outs = _run(gm, {"x": x, "y": y, "w": w, "gz": grad_z, "order": transpose_perm, "keys": edge_src,
+                         "others": edge_dst}, num_edges, num_nodes)
+    return _grads(outs, need)
 
 
 def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm=None,
@@ -134,17 +117,15 @@ def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edg
     num_nodes, num_edges = x.shape[0], y.shape[0]
     dx = dy = dw = dgz = None
     if num_edges > 0 and any(given):
-        with _device_guard(x.device), once_per_tensor():  # x and ggx are permuted once for both walks
+        with _device_guard(x.device), once_per_tensor():  # x and ggx are gathered once for both walks
             dtype, variant = DTYPES[x.dtype], "atomic" if perm is None else "det"
-            edge_rows = {"y": y, "ggy": ggy, "w": w, "ggw": ggw, "num_edges": num_edges}
+            rows = {"x": x, "ggx": ggx, "y": y, "ggy": ggy, "w": w, "ggw": ggw}
             by_dst = module_for(problem, dtype, "double_forward", variant, given)
-            dgz = written((num_nodes, problem.dim_out), x)
-            walk(by_dst, {**_gathered(by_dst, problem, x, ggx=ggx), **edge_rows, "order": perm, "keys": edge_dst,
-                          "others": edge_src, "acc_out": dgz}, num_nodes)
+            dgz = _run(by_dst, {**rows, "order": perm, "keys": edge_dst, "others": edge_src}, num_edges,
+                       num_nodes)["acc_out"]
             by_src = module_for(problem, dtype, "double_backward", variant, given)
-            dx, dy, dw = _backward_outputs(problem, x, by_src.spec.writes, num_nodes, num_edges)
-            walk(by_src, {**_gathered(by_src, problem, x, grad_z, ggx), **edge_rows, "order": transpose_perm,
-                          "keys": edge_src, "others": edge_dst, "acc_out": dx, "gy_out": dy, "gw_out": dw},
-                 num_nodes)
+            outs = _run(by_src, {**rows, "gz": grad_z, "order": transpose_perm, "keys": edge_src,
+                                 "others": edge_dst}, num_edges, num_nodes)
+            dx, dy, dw = _grads(outs, by_src.spec.writes)
     fill = lambda t, like: torch.zeros_like(like) if t is None else t  # noqa: E731
     return fill(dx, x), fill(dy, y), fill(dw, w), fill(dgz, grad_z)

@@ -26,21 +26,22 @@ NEEDS = [(True, True, True), (False, True, True), (True, False, True), (True, Tr
 
 
 def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
+    """Sources of every program the backend's launch sequences run for ``problems`` (walks and fixups, the
+    layout gathers and ordered sums around them), each once."""
     from .backend import module_for
-    sources = []
+    modules = []
     for problem in problems:
         weighted = problem.weighted_part
         for dtype in dtypes:
             for variant in ("tp", "det", "atomic"):
-                sources.append(module_for(problem, dtype, "forward", variant).source)
-                sources += [module_for(problem, dtype, "backward", variant, need).source for need in NEEDS]
+                modules.append(module_for(problem, dtype, "forward", variant))
+                modules += [module_for(problem, dtype, "backward", variant, need) for need in NEEDS]
                 if variant != "tp":  # the fused double backward, every incoming gradient given
-                    sources += [module_for(problem, dtype, d, variant).source
-                                for d in ("double_forward", "double_backward")]
+                    modules += [module_for(problem, dtype, d, variant) for d in ("double_forward", "double_backward")]
                 if weighted is not None and weighted is not problem:  # the composed double backward's w term
-                    sources.append(module_for(weighted, dtype, "forward", variant).source)
-                    sources.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]).source)
-    return sources
+                    modules.append(module_for(weighted, dtype, "forward", variant))
+                    modules.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]))
+    return list(dict.fromkeys(p.source for gm in modules for p in gm.sequence.programs))
 
 
 def _compile_one(job) -> tuple[float, str]:

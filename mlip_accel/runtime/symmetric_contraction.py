@@ -1,12 +1,14 @@
-"""The CUDA backend of the symmetric contraction: generated kernels for forward and backward, run from their
-launch plans. Same inputs and outputs as ``reference.symmetric_contraction``. Importing this imports no CuPy.
+"""The CUDA backend of the symmetric contraction: generated kernels for forward, backward and double backward,
+run from their launch plans through the one launch path (runtime.launch_plan.launch); weight gradients
+summed per element deterministically (chunked kernel + weight_sum, no atomics, no per-node buffer).
+Same inputs and outputs as ``reference.symmetric_contraction``. Importing this imports no CuPy.
 """
 from __future__ import annotations
 
 import torch
 
 from ..codegen.launch_plan import GeneratedKernel
-from ..codegen.symmetric_contraction import SymconSpec, generate_symmetric_contraction
+from ..codegen.symmetric_contraction import SymconSpec, chunking, generate_symmetric_contraction
 from ..problem.symmetric_contraction import SymmetricContractionProblem
 from .launch_plan import launch, written
 from .validation import check_symcon
@@ -39,10 +41,29 @@ def forward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: tor
     return out
 
 
+def _chunked(problem: SymmetricContractionProblem, kernel: GeneratedKernel, values: dict) -> torch.Tensor:
+    """Launch a weight-gradient direction (its per-node outputs in ``values``) and then weight_sum: the
+    per-element weight gradient, summed in an order fixed by the node count and elements alone (a stable
+    sort), so bitwise the same on every run. Scratch: (chunks + elements) x K x C."""
+    x, elements = values["x"], values["elements"]
+    nodes, e = x.shape[0], problem.num_elements
+    per_chunk, chunks = chunking(nodes)
+    sorted_elements, order = torch.sort(elements, stable=True)
+    # offsets[e]: first sorted position of element e (no host sync, unlike bincount)
+    offsets = torch.searchsorted(sorted_elements, torch.arange(e + 1, device=x.device, dtype=torch.long))
+    partial = written((chunks + e, problem.num_params, problem.channels), x)
+    _launch(kernel, dict(values, order=order, partial=partial, nodes=nodes, chunks=chunks, per_chunk=per_chunk))
+    grad_weights = written((e, problem.num_params, problem.channels), x)
+    weight_sum = kernel_for(problem, x.dtype, "weight_sum")
+    launch(weight_sum, weight_sum.plan, dict(partial=partial, offsets=offsets, grad_weights=grad_weights,
+                                              num_elements=e, chunks=chunks, per_chunk=per_chunk), x.device)
+    return grad_weights
+
+
 def backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: torch.Tensor, weights: torch.Tensor,
              grad_out: torch.Tensor, need_weights: bool = True):
-    """(grad_x, grad_weights or None): the kernel writes grad x and, if needed, each node's weight gradient,
-    summed per element here (index_add over the node's element)."""
+    """(grad_x, grad_weights or None). Without ``need_weights`` (forces only, as in MD) one per-node kernel
+    and no weight pass at all; with it the chunked kernel and weight_sum (deterministic, see ``_chunked``)."""
     elements = elements.long()
     check_symcon(x, elements, weights=weights, grad_out=grad_out)
     grad_x = written(x.shape, x)
@@ -50,23 +71,20 @@ def backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: to
     if not need_weights:
         _launch(kernel_for(problem, x.dtype, "backward"), values)
         return grad_x, None
-    grad_wn = written((x.shape[0], problem.num_params, problem.channels), x)
-    _launch(kernel_for(problem, x.dtype, "backward_w"), dict(values, grad_wn=grad_wn))
-    return grad_x, torch.zeros_like(weights).index_add_(0, elements, grad_wn)
+    return grad_x, _chunked(problem, kernel_for(problem, x.dtype, "backward_w"), values)
 
 
 def double_backward(problem: SymmetricContractionProblem, x: torch.Tensor, elements: torch.Tensor,
                     weights: torch.Tensor, grad_out: torch.Tensor, ggx: torch.Tensor | None,
                     ggw: torch.Tensor | None):
     """(dx, dweights, dgrad_out): gradients of <ggx, grad_x> + <ggw, grad_w>, as
-    ``reference.symmetric_contraction.double_backward``; an absent ggx/ggw counts as zeros."""
+    ``reference.symmetric_contraction.double_backward``; an absent ggx/ggw counts as zeros. The weight
+    gradient is summed as the backward's (``_chunked``): deterministic."""
     elements = elements.long()
     ggx = torch.zeros_like(x) if ggx is None else ggx.contiguous()
     ggw = torch.zeros_like(weights) if ggw is None else ggw.contiguous()
     check_symcon(x, elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw)
     dx, dgz = written(x.shape, x), written(grad_out.shape, x)
-    dwn = written((x.shape[0], problem.num_params, problem.channels), x)
-    _launch(kernel_for(problem, x.dtype, "double_backward"),
-            dict(x=x, elements=elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw, dx=dx, dgz=dgz,
-                 dwn=dwn, nodes=x.shape[0]))
-    return dx, torch.zeros_like(weights).index_add_(0, elements, dwn), dgz
+    dw = _chunked(problem, kernel_for(problem, x.dtype, "double_backward"),
+                  dict(x=x, elements=elements, weights=weights, grad_out=grad_out, ggx=ggx, ggw=ggw, dx=dx, dgz=dgz))
+    return dx, dw, dgz

@@ -1,10 +1,10 @@
 """Tuning tables of the tensor-product walk, and the test overrides that force its rare paths (multi-phase
-schedules, rows split between many warps). Values only: codegen takes the budget, the launcher the edges
-per warp."""
+schedules, rows split between many warps). Values only: codegen takes the budget; the edges per warp are a
+rule of each module's launch sequence (codegen.tensor_product.edges_per_warp_rule), which tests override
+here (:func:`scalar_overrides`)."""
 from __future__ import annotations
 
 import contextlib
-import math
 
 # Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
 # mace-large/mace-medium/nequip-benzene): the backward runs fastest as several small phases (more warps,
@@ -18,11 +18,6 @@ ACC_BUDGET = {("forward", "float32"): 64, ("forward", "float64"): 48,
 _OVERRIDE_KEY = {"forward": "forward", "double_forward": "forward", "backward": "backward",
                  "double_backward": "backward"}
 _BUDGET_OVERRIDE: dict[str, int] = {}  # tests: tiny budgets force multi-phase schedules
-# Edges per warp. The deterministic walks by receiver (forward, double_forward) take the mean degree (about one
-# row per warp: few fixups, and the fixup buffer, one row per warp, is never larger than the output); every
-# other walk takes 32.
-MIN_EDGES_PER_WARP = 32
-MAX_EDGES_PER_WARP = 4096
 _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows between many warps
 
 
@@ -77,11 +72,6 @@ def edges_per_warp(n: int):
         _EDGES_PER_WARP_OVERRIDE = old
 
 
-def edges_per_warp_for(spec, num_edges: int, num_rows: int) -> int:
-    """Edges per warp of one walk of a kernel of ``spec`` (a codegen.KernelSpec)."""
-    if _EDGES_PER_WARP_OVERRIDE is not None:
-        return _EDGES_PER_WARP_OVERRIDE
-    if spec.variant != "det" or spec.side != "out":
-        return MIN_EDGES_PER_WARP
-    mean_degree = math.ceil(num_edges / max(num_rows, 1))
-    return max(MIN_EDGES_PER_WARP, min(MAX_EDGES_PER_WARP, mean_degree))
+def scalar_overrides() -> dict:
+    """Tunable scalars of launch sequences forced by a test ({} normally)."""
+    return {} if _EDGES_PER_WARP_OVERRIDE is None else {"edges_per_warp": _EDGES_PER_WARP_OVERRIDE}

@@ -4,7 +4,8 @@
 - :mod:`.timing`: GPU timing (CUDA events, L2 flush, adaptive median), host wall timing, peak memory;
 - :mod:`.conv_cases`: random and benchmark convolution problems, graphs and inputs;
 - :mod:`.symcon_cases`: symmetric-contraction problems read from MACE modules (mace imported when called);
-- :mod:`.mace_models`: tiny models of every MACE model class (mace imported when called).
+- :mod:`.mace_models`: tiny models of every MACE model class (mace imported when called);
+- :mod:`.op_count`: the torch operations a call issues from the host (``OpCounter``, a dispatch mode).
 
 Importing this package or any of its modules imports torch and :mod:`mlip_accel.problem` only: no CuPy,
 NequIP or MACE.

@@ -15,14 +15,16 @@ DIPOLE_CLASSES = ("AtomicDipolesMACE", "EnergyDipolesMACE", "AtomicDielectricMAC
 
 
 def model_of_class(cls_name: str, block: str = "RealAgnosticResidualInteractionBlock", *, first_block=None,
-                   dtype=torch.float64, atomic_numbers=(29, 8), num_elements=None, seed: int = 0):
-    """A tiny model of ``cls_name`` (4 channels, L <= 1 (2 for the dielectric model), 2 interactions)."""
+                   dtype=torch.float64, atomic_numbers=(29, 8), num_elements=None, seed: int = 0,
+                   hidden: str | None = None, radial_mlp=(8,)):
+    """A tiny model of ``cls_name`` (4 channels, L <= 1 (2 for the dielectric model), 2 interactions; ``hidden``
+    irreps and ``radial_mlp`` widths to override)."""
     from e3nn import o3
     from mace import modules
 
     torch.manual_seed(seed)
     n = num_elements or len(atomic_numbers)
-    hidden = "4x0e+4x1o+4x2e" if cls_name == "AtomicDielectricMACE" else "4x0e+4x1o"
+    hidden = hidden or ("4x0e+4x1o+4x2e" if cls_name == "AtomicDielectricMACE" else "4x0e+4x1o")
     with default_dtype(dtype):
         kwargs = dict(
             r_max=4.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=2,
@@ -30,7 +32,7 @@ def model_of_class(cls_name: str, block: str = "RealAgnosticResidualInteractionB
             interaction_cls_first=modules.interaction_classes[first_block or block],
             num_interactions=2, num_elements=n, hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("4x0e"),
             gate=torch.nn.functional.silu, avg_num_neighbors=8.0, atomic_numbers=list(atomic_numbers),
-            correlation=2, radial_MLP=[8],
+            correlation=2, radial_MLP=list(radial_mlp),
             atomic_energies=None if cls_name in ("AtomicDipolesMACE", "AtomicDielectricMACE")
             else np.array([-3.5 - 0.7 * i for i in range(n)]))
         if cls_name != "EnergyDipolesMACE":  # its constructor has no radial_type

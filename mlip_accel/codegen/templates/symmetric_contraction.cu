@@ -8,8 +8,10 @@ extern "C" __global__ void __launch_bounds__(${block_threads}) ${kernel}(${param
   if (t >= nodes * ${channels}LL) return;
   const long long b = t / ${channels};
   const int c = (int)(t - b * ${channels});
-  const T* xp = x + t * ${dim_in};
+  const long long bc = t;  // the (node, channel) row of x, grad_x, ggx
+  const long long e = elements[b];
+  const T* xp = x + bc * ${dim_in};
 ${load_x}
-  const T* wp = weights + elements[b] * ${weight_row} + c;
+  const T* wp = weights + e * ${weight_row} + c;
 ${body}
 }

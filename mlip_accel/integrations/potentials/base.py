@@ -163,7 +163,8 @@ def evaluation(tensors: dict) -> Evaluation:
     energies, forces, stress = tensors["energies"].reshape(-1), tensors["forces"].reshape(-1), tensors.get("stress")
     n = energies.shape[0]
     parts = [tensors["energy"].reshape(1), energies, forces] + ([] if stress is None else [stress.reshape(-1)])
-    flat = to_numpy(torch.cat([p.detach().to(torch.float64) for p in parts]))
+    # one cat (it promotes mixed float32/float64 parts exactly), one copy to the host; float32 -> float64 there
+    flat = to_numpy(torch.cat(parts))
     return Evaluation(energy=float(flat[0]), energies=flat[1:1 + n], forces=flat[1 + n:1 + 4 * n].reshape(n, 3),
                       stress=None if stress is None else flat[1 + 4 * n:].reshape(3, 3))
 

@@ -12,7 +12,11 @@ import torch
 from ...errors import NotAcceleratable, ParityCheckFailed
 from ...graph import EdgeSortCache
 from ...problem.e3nn_compat import o3
+from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
+from ..edge_stream import check_stream_option, report as stream_report
+from . import skip as mace_skip
+from . import stream as mace_stream
 from . import symmetric as mace_symmetric
 from .conv import MACEFusedConv
 from .probe import probe_batch, run_probe, tolerance
@@ -135,6 +139,26 @@ def _install(blocks, backend: str, deterministic: bool) -> list:
     return undo
 
 
+def _install_streaming(model, blocks, stream_edges: bool, chunk_edges) -> list:
+    """Stream (or unstream) every block, after :func:`_install`; returns the undo callables. A block whose
+    radial MLP is refused keeps the unstreamed fused convolution; the reasons are on ``conv_tp.edge_streaming``
+    and warned about."""
+    undo, decisions = [], []
+    names = {id(m): n for n, m in model.named_modules()}
+    for block in blocks:
+        if stream_edges:
+            what, step = mace_stream.stream(block, chunk_edges)
+            decisions.append((names.get(id(block), type(block).__name__), what))
+        else:
+            step = mace_stream.unstream(block)
+        undo.append(step)
+    refused = [(n, w) for n, w in decisions if isinstance(w, RadialRefusal)]
+    if refused:
+        import warnings
+        warnings.warn("mlip_accel stream_edges: " + stream_report(refused), stacklevel=3)
+    return undo
+
+
 def _uninstall(undo) -> None:
     for block, conv, settings in reversed(undo):
         if settings is None:
@@ -147,16 +171,19 @@ def _uninstall(undo) -> None:
 def _plain_outputs(model, blocks, batch):
     """Probe outputs with e3nn's convolution in every block, also when some were accelerated before."""
     swapped = [(b, b.conv_tp) for b in blocks if isinstance(b.conv_tp, MACEFusedConv)]
+    radials = [mace_stream.unstream_radial(b) for b in blocks]
     for block, fused in swapped:
         block.conv_tp = fused.e3nn_module
         del block.conv_fusion
     try:
-        with mace_symmetric.plain(model):
+        with mace_symmetric.plain(model), mace_skip.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
             block.conv_tp = fused
             block.conv_fusion = CONV_FUSION_TAG
+        for step in radials:
+            step()
 
 
 def _probe_plain(model, blocks, batch):
@@ -169,27 +196,38 @@ def _probe_plain(model, blocks, batch):
             "check=False) skips the probe: compare the model's outputs with and without it yourself") from err
 
 
-def _accelerate_models(models, backend: str, deterministic: bool, check: bool) -> None:
+def _accelerate_models(models, backend: str, deterministic: bool, check: bool, stream_edges: bool = False,
+                       stream_chunk_edges=None) -> None:
     check_options(deterministic, backend, check)
+    check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)
-    plans = [(_plan(model), mace_symmetric.plan(model)) for model in models]
+    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model)) for model in models]
     with swap_transaction() as undo:
-        for model, (blocks, products) in zip(models, plans):
+        for model, (blocks, products, skips) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None
             convs = _install(blocks, backend, deterministic)
             undo.append(lambda convs=convs: _uninstall(convs))
+            streams = _install_streaming(model, blocks, stream_edges, stream_chunk_edges)
+            undo.append(lambda streams=streams: [step() for step in reversed(streams)])
             contractions = mace_symmetric.install(products, backend)
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
+            skip_undo = mace_skip.install(skips)
+            undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
                 compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps),
                                 where=type(model).__name__)
 
 
-def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True):
+def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True,
+               stream_edges: bool = False, stream_chunk_edges: int | None = None):
     """Swap the fused convolution into a MACE model, or into every model of a ``MACECalculator``, in place.
+
+    ``stream_edges=True`` also streams the radial MLP's last layer into the convolution (per-edge weights
+    never stored, :mod:`.stream`; off by default until the fused GPU kernel is measured: docs/edge-streaming.md);
+    a block whose radial MLP is not streamable keeps the unstreamed convolution, with a warning saying why.
 
     ``check=True`` runs a small probe structure through the model before and after and raises
     :class:`ParityCheckFailed` (leaving the model as it was) when energy, forces, stress or node features
@@ -203,14 +241,14 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
         if getattr(obj, "_uses_accelerated_backend", False):
             raise NotAcceleratable("this MACECalculator was created with enable_cueq/enable_oeq; create it "
                                    "without them to use mlip_accel")
-        _accelerate_models(list(obj.models), backend, deterministic, check)
+        _accelerate_models(list(obj.models), backend, deterministic, check, stream_edges, stream_chunk_edges)
         return obj
     if _scripted_mace(obj):
         raise NotAcceleratable("this MACE model is TorchScript-compiled (a *_compiled.model file); its "
                                "convolution cannot be swapped: load the .model file it was compiled from")
     if not claims(obj):
         raise NotAcceleratable(f"not a MACE model or MACECalculator: {_type_name(obj)}")
-    _accelerate_models([obj], backend, deterministic, check)
+    _accelerate_models([obj], backend, deterministic, check, stream_edges, stream_chunk_edges)
     return obj
 
 
@@ -219,7 +257,9 @@ def restore(obj):
     models = list(obj.models) if isinstance(obj, _calculator_class()) else [obj]
     for model in models:
         mace_symmetric.restore(model)
+        mace_skip.restore(model)
         for block in model.modules():
+            mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)
             if isinstance(conv, MACEFusedConv):
                 block.conv_tp = conv.e3nn_module

@@ -9,11 +9,11 @@ and :func:`uninstall` swap, :func:`plain` runs a block of code on MACE's own mod
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 import torch
 
+from ..common import originals_in
 from ...errors import NotAcceleratable
 from ...modules.symmetric_contraction import SymmetricContraction, _eager
 from ...problem.symmetric_contraction import from_mace, weight_tensors
@@ -140,19 +140,9 @@ def uninstall(undo) -> None:
             sc.contraction.backend = backend
 
 
-@contextlib.contextmanager
 def plain(model):
-    """MACE's own symmetric contractions in every product block for the duration of the block."""
-    swapped = [(b, b.symmetric_contractions) for b in getattr(model, "products", [])
-               if isinstance(b.symmetric_contractions, MACESymmetricContraction)]
-    for block, fast in swapped:
-        block.symmetric_contractions = fast.original
-    try:
-        yield
-    finally:
-        for block, fast in swapped:
-            block.symmetric_contractions = fast
-
+    """MACE's own symmetric contractions in every product block for the duration of a with-block."""
+    return originals_in(getattr(model, "products", []), "symmetric_contractions", MACESymmetricContraction)
 
 def restore(model) -> None:
     for block in getattr(model, "products", []):

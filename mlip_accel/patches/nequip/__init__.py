@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import NotAcceleratable
+from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction, tolerance
 
 _COMPILED_HINT = ("Accelerate the eager model instead: load the checkpoint or package with nequip's loaders "
@@ -86,8 +87,14 @@ def _refuse_unless_acceleratable(model) -> None:
         raise NotAcceleratable(str(err)) from None
 
 
-def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True):
+def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True,
+               stream_edges: bool = False, stream_chunk_edges: int | None = None):
     """Swap mlip_accel's fused convolution into a NequIP model or ``NequIPCalculator``, in place.
+
+    ``stream_edges=True`` also streams each interaction block's radial MLP (``edge_mlp``) into its
+    convolution: the per-edge weights are made per chunk of ``stream_chunk_edges`` edges, never stored
+    (:mod:`.stream`; off by default until the fused GPU kernel is measured: docs/edge-streaming.md). A block
+    whose MLP is not streamable keeps the unstreamed convolution, with a warning saying why.
 
     Returns ``obj`` itself. ``check=True`` compares the model before and after on a probe (see
     :mod:`mlip_accel.patches.nequip.probe`) and, on a mismatch, restores the original layers and
@@ -95,14 +102,22 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     are rebuilt with them (and checked again).
     """
     from . import probe
-    from .tp_scatter import apply, plan_swaps, undo
+    from ..edge_stream import check_stream_option, report
+    from .stream import is_streamed, plan_streaming
+    from .tp_scatter import apply, is_accelerated, plan_swaps, undo
 
     check_options(deterministic, backend, check)
+    check_stream_option(stream_edges, stream_chunk_edges)
     model = obj.model if _is_calculator(obj) else obj
     check_not_inference(model)
     _refuse_unless_acceleratable(model)
 
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
+    swaps, decisions = plan_streaming(model, swaps, stream_edges, stream_chunk_edges)
+    refused = [(n, w) for n, w in decisions if isinstance(w, RadialRefusal)]
+    if refused:
+        import warnings
+        warnings.warn("mlip_accel stream_edges: " + report(refused), stacklevel=2)
     if not (check and swaps):
         apply(swaps)
         return obj
@@ -114,7 +129,8 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
         steps.append(lambda: undo(swaps))
         apply(swaps)
         for s in swaps:
-            probe.check_layer(s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
+            if is_accelerated(s.new) and not is_streamed(s.new):  # streamed layers: the model probe below
+                probe.check_layer(s.new, where=".".join(filter(None, (names[id(s.parent)], s.name))))
         for m, data, before in references:
             compare_outputs(before, probe.evaluate(m, data), tolerance(m.model_dtype), where=type(m).__name__)
     return obj

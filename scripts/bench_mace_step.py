@@ -1,0 +1,292 @@
+#!/usr/bin/env python
+"""Whole-step MACE benchmark: one energy + forces evaluation (``md``, as an MD step runs it) and one
+force-training step (``train``: energy + forces loss, backward to the parameters), e3nn vs cuEquivariance vs
+mlip_accel, on rattled diamond carbon (1000 to 10648 atoms, 6 A cutoff), fp32 and fp64, with peak memory.
+
+Model: bench_md's ScaleShiftMACE of MACE-MP-0-medium size (128x0e+128x1o, max_ell 3, correlation 3, 2
+interactions, 89 elements, random weights); cuEquivariance through MACE's own converter, mlip_accel through
+``mlip_accel.accelerate(model, backend="cuda")``. Inputs are prebuilt on the device (no neighbour list).
+
+- ``md``: parameters frozen (``requires_grad=False``, as MACE's calculator does), ``model(batch)`` with
+  autograd forces, synchronised.
+- ``train``: parameters trainable, ``model(batch, training=True)`` (forces with create_graph), loss
+  ``mean((E - E0)^2) + mean(|F - F0|^2)`` against fixed targets, ``loss.backward()``, gradients set to None
+  first. Each implementation's loss, forces and (mlip_accel, same parameter names) parameter gradients are
+  compared with e3nn's in the same run.
+
+Medians of synchronised wall times; peak memory = torch.cuda.max_memory_allocated during the timed steps
+(weights included). Results: ``bench_mace_step.json`` (device, versions, every case, ratios to the peers of
+the same run) and ``bench_mace_step.md`` under ``--out``.
+
+    python scripts/bench_mace_step.py --out DIR [--sizes 5 10 11] [--dtypes float32 float64] \\
+        [--impls mlip_accel cueq e3nn] [--modes md train] [--time-budget 300]
+    python scripts/bench_mace_step.py --tiny --out DIR     # CPU smoke test: tiny model, 64 atoms, reference backend
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # mlip_accel from this working tree when it is not installed
+sys.path.insert(0, HERE)
+
+from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
+from mlip_accel.testing import DTYPES as _DTYPE_MAP, dtype_of  # noqa: E402
+from mlip_accel.testing.timing import synchronize, wall_times  # noqa: E402
+
+IMPLS = ("mlip_accel", "cueq", "e3nn")  # mlip_accel first: its numbers land before a slow peer uses the budget
+LABELS = {"e3nn": "e3nn", "cueq": "cuEquivariance", "mlip_accel": "mlip_accel"}
+MODES = ("md", "train")
+DTYPES = tuple(_DTYPE_MAP)
+SIZES = (5, 10, 11)  # diamond cells per axis: 1000, 8000, 10648 atoms
+TINY_SIZES = (2,)  # 64 atoms
+
+
+def build_tiny_mace(dtype: torch.dtype):
+    """A small MACE of the same blocks (two interactions, correlation 3, 3 elements), for the CPU smoke test."""
+    from e3nn import o3
+    from mace import modules
+
+    torch.manual_seed(0)
+    with default_dtype(dtype):
+        return modules.ScaleShiftMACE(
+            r_max=6.0, num_bessel=4, num_polynomial_cutoff=5, max_ell=2,
+            interaction_cls=modules.interaction_classes["RealAgnosticResidualInteractionBlock"],
+            interaction_cls_first=modules.interaction_classes["RealAgnosticInteractionBlock"],
+            num_interactions=2, num_elements=3, hidden_irreps=o3.Irreps("4x0e+4x1o"),
+            MLP_irreps=o3.Irreps("4x0e"), gate=torch.nn.functional.silu, atomic_energies=np.zeros(3),
+            avg_num_neighbors=61.0, atomic_numbers=[1, 6, 8], correlation=3, radial_MLP=[8],
+            atomic_inter_scale=1.0, atomic_inter_shift=0.0).eval()
+
+
+def _loss_targets(data: dict, dtype: torch.dtype, atoms: int):
+    g = torch.Generator().manual_seed(1)
+    forces = 0.1 * torch.randn(atoms, 3, generator=g, dtype=torch.float64)
+    return torch.tensor(-7.0 * atoms, dtype=dtype, device=data["positions"].device), \
+        forces.to(dtype=dtype, device=data["positions"].device)
+
+
+def make_step(model, data: dict, mode: str, targets):
+    """A no-argument callable running one step of ``mode``; it keeps its last outputs in ``step.last``."""
+    params = [p for p in model.parameters()]
+
+    def md():
+        out = model(dict(data), compute_stress=False, training=False)
+        md.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach()}
+
+    def train():
+        for p in params:
+            p.grad = None
+        out = model(dict(data), compute_stress=False, training=True)
+        e0, f0 = targets
+        loss = (out["energy"].sum() - e0).square() + (out["forces"] - f0).square().mean()
+        loss.backward()
+        train.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach(), "loss": loss.detach()}
+
+    for p in params:
+        p.requires_grad_(mode == "train")  # MD: frozen, as MACE's calculator freezes them
+    return md if mode == "md" else train
+
+
+def time_case(step, device: torch.device, min_seconds: float, max_reps: int, warmup: int) -> dict:
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = wall_times(step, device, min_reps=min(3, max_reps), max_reps=max_reps, min_seconds=min_seconds)
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 20 if device.type == "cuda" else None
+    return {"ms_median": 1000 * statistics.median(times), "ms_min": 1000 * min(times), "reps": len(times),
+            "peak_mib": peak}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().cpu(), b.double().cpu()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+def _grads(model) -> dict:
+    return {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def run(args) -> dict:
+    import bench_md
+    from bench_graphs import build_graph
+    from bench_peers import versions
+
+    from mlip_accel.integrations.potentials import potential_from_model
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    sizes = TINY_SIZES if args.tiny else tuple(args.sizes)
+    min_seconds, max_reps = (0.0, 1) if args.tiny else (args.min_seconds, args.max_reps)
+    t_start = time.perf_counter()
+    graphs = {}
+    for cells in sizes:
+        name = f"carbon-{cells}c"
+        graph = build_graph(name, device=device)
+        graphs[name] = (graph.num_nodes, graph.num_edges, bench_md.structure(graph))
+    cases = []
+    for dtype_name in args.dtypes:
+        dtype = dtype_of(dtype_name)
+        base = build_tiny_mace(dtype) if args.tiny else bench_md.build_mace(dtype)
+        outputs: dict = {}  # (graph, mode) -> impl -> last outputs (CPU), for the errors against e3nn
+        for impl in args.impls:
+            head = {"impl": impl, "dtype": dtype_name}
+            try:
+                model = bench_md.variant("mace", impl, base, device)  # CPU: mlip_accel's reference backend
+                potential = potential_from_model(model, device=device)
+            except Exception as err:  # a peer missing or failing to convert: recorded, the run goes on
+                reason = str(err) if isinstance(err, bench_md.Unavailable) else f"{type(err).__name__}: {err}"
+                cases += [dict(head, graph=g, atoms=a, edges=e, mode=m, status=f"unavailable: {reason}"[:300])
+                          for g, (a, e, _) in graphs.items() for m in args.modes]
+                print(f"[bench_mace_step] {impl} {dtype_name}: unavailable: {reason[:200]}", file=sys.stderr)
+                continue
+            for name, (atoms, edges, (pos, cell, pbc, numbers, neighbors)) in graphs.items():
+                if args.tiny:
+                    numbers = np.array([6, 1, 8, 6] * (atoms // 4))[:atoms]
+                data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
+                for mode in args.modes:
+                    case = dict(head, graph=name, atoms=atoms, edges=edges, mode=mode)
+                    if time.perf_counter() - t_start > args.time_budget:
+                        cases.append(dict(case, status="skipped: time budget"))
+                        continue
+                    slow = impl == "e3nn" and not args.tiny  # e3nn at 8000 atoms: ~0.5 s (md) to seconds (train)
+                    try:
+                        step = make_step(potential.model, data, mode, _loss_targets(data, dtype, atoms))
+                        result = time_case(step, device, 0.0 if slow else min_seconds, 1 if slow else max_reps,
+                                           1 if slow or args.tiny else 2)
+                        case.update(status="ok", **result)
+                        last = {k: v.cpu() for k, v in step.last.items()}
+                        if mode == "train":
+                            last["grads"] = _grads(potential.model)
+                        outputs.setdefault((name, mode), {})[impl] = last
+                    except torch.cuda.OutOfMemoryError:
+                        case["status"] = "out of memory"
+                    except Exception as err:
+                        case["status"] = f"error: {type(err).__name__}: {str(err)[:300]}"
+                    finally:
+                        step = None
+                        for p in potential.model.parameters():
+                            p.grad = None
+                        gc.collect()
+                        if device.type == "cuda":
+                            torch.cuda.empty_cache()
+                    cases.append(case)
+                    print(f"[bench_mace_step] {impl:10s} {dtype_name} {mode:5s} {name:11s} {atoms:6d} atoms: "
+                          + (f"{case['ms_median']:9.2f} ms  peak {case['peak_mib'] or 0:8.0f} MiB"
+                             if case["status"] == "ok" else case["status"][:120]), file=sys.stderr)
+                data = None
+            del potential, model
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        _add_errors(cases, outputs, dtype_name)
+    _add_ratios(cases)
+    return {"benchmark": "bench_mace_step", "model": "tiny MACE (4x0e+4x1o, max_ell 2, correlation 3, 3 elements)"
+            if args.tiny else bench_md.MODEL_INFO["mace"],
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "versions": versions(), "tiny": bool(args.tiny), "seconds": round(time.perf_counter() - t_start, 1),
+            "cases": cases}
+
+
+def _add_errors(cases: list, outputs: dict, dtype_name: str) -> None:
+    """Each implementation's forces, loss and (same parameter names only) parameter gradients vs e3nn's."""
+    for case in cases:
+        if case["dtype"] != dtype_name or case.get("status") != "ok" or case["impl"] == "e3nn":
+            continue
+        got = outputs.get((case["graph"], case["mode"]), {})
+        mine, ref = got.get(case["impl"]), got.get("e3nn")
+        if mine is None or ref is None:
+            continue
+        case["force_rel_err"] = _rel(mine["forces"], ref["forces"])
+        case["energy_rel_err"] = _rel(mine["energy"], ref["energy"])
+        if "loss" in mine:
+            case["loss_rel_err"] = _rel(mine["loss"], ref["loss"])
+            if mine["grads"].keys() == ref["grads"].keys():
+                case["param_grad_rel_err"] = max(_rel(mine["grads"][k], ref["grads"][k]) for k in ref["grads"])
+
+
+def _add_ratios(cases: list) -> None:
+    """speedup_vs_<peer> = peer's median / this one's, for the same graph, dtype and mode of this run."""
+    ok = {(c["impl"], c["graph"], c["dtype"], c["mode"]): c for c in cases if c.get("status") == "ok"}
+    for (impl, *key), case in ok.items():
+        for peer in IMPLS:
+            other = ok.get((peer, *key))
+            if peer != impl and other is not None:
+                case[f"speedup_vs_{peer}"] = other["ms_median"] / case["ms_median"]
+                if case.get("peak_mib") and other.get("peak_mib"):
+                    case[f"memory_vs_{peer}"] = case["peak_mib"] / other["peak_mib"]
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# Whole MACE step: energy + forces (md) and force training (train){' - tiny CPU smoke run' if result['tiny'] else ''}",
+             "", f"Device: {result['device']}. Model: {result['model']}. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
+             "Median ms of synchronised steps (e3nn timed once), peak MiB of torch.cuda.max_memory_allocated, "
+             "ratio = cuEquivariance's (or e3nn's) time / mlip_accel's in this run. cuEquivariance's fp64 is only "
+             "~1e-8 accurate (its kernels); mlip_accel's errors are against e3nn in the same dtype.", ""]
+    ok = {(c["impl"], c["graph"], c["dtype"], c["mode"]): c for c in result["cases"]}
+    graphs = sorted({(c["atoms"], c["graph"]) for c in result["cases"]})
+    for dtype in DTYPES:
+        for mode in MODES:
+            rows = [g for g in graphs if any(k[1] == g[1] and k[2] == dtype and k[3] == mode for k in ok)]
+            if not rows:
+                continue
+            lines += [f"## {dtype}, {mode}", "",
+                      "| atoms | " + " | ".join(f"{LABELS[i]} ms (MiB)" for i in IMPLS)
+                      + " | vs cuEq | vs e3nn | mlip_accel force err | param grad err |",
+                      "|---|" + "---|" * (len(IMPLS) + 4)]
+            for atoms, graph in rows:
+                cells = []
+                for impl in IMPLS:
+                    c = ok.get((impl, graph, dtype, mode))
+                    if c is None:
+                        cells.append("-")
+                    elif c.get("status") != "ok":
+                        cells.append(c["status"].split(":")[0])
+                    else:
+                        mem = f" ({c['peak_mib']:.0f})" if c.get("peak_mib") else ""
+                        cells.append(f"{c['ms_median']:.2f}{mem}")
+                ours = ok.get(("mlip_accel", graph, dtype, mode), {})
+                fmt = lambda k, f: (f % ours[k]) if k in ours else "-"  # noqa: E731
+                lines.append(f"| {atoms} | " + " | ".join(cells) + f" | {fmt('speedup_vs_cueq', '%.2fx')} | "
+                             f"{fmt('speedup_vs_e3nn', '%.2fx')} | {fmt('force_rel_err', '%.1e')} | "
+                             f"{fmt('param_grad_rel_err', '%.1e')} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", os.path.join(os.path.dirname(HERE), "benchmarks")))
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="diamond cells per axis")
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--max-reps", type=int, default=20)
+    parser.add_argument("--time-budget", type=float, default=400.0, help="seconds; later cases are skipped")
+    parser.add_argument("--tiny", "--cpu-smoke", action="store_true", dest="tiny",
+                        help="CPU smoke run: tiny model, 64 atoms, one repetition, reference backend")
+    args = parser.parse_args(argv)
+    result = run(args)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_mace_step.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "bench_mace_step.md"), "w") as f:
+        f.write(markdown(result) + "\n")
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

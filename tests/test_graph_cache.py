@@ -1,0 +1,529 @@
+"""The graph cache's policies and the calculator's host work (mlip_accel/integrations/cuda_graphs.py, ase.py,
+neighbors.py).
+
+CPU: graphs switch themselves off above DEFAULT_AUTO_MAX_EDGES padded edges (cuda_graphs="auto": eager on the
+unpadded list, no warning; cuda_graphs=True: one warning); the number of torch operations an ASE call issues
+outside the model evaluation (what a CUDA graph does not replay) has an upper bound and no host sync; the
+neighbour-list skin: reused while every atom moved less than skin/2, rebuilt otherwise, and an MD run with a
+skin gives the energies, forces and stress of the skin-free run (fp64, 1e-12 relative) for NequIP and MACE,
+periodic and molecule.
+
+GPU (marker gpu): the graphs of one calculator share one memory pool (less memory than private pools, same
+results), the auto switch-off on the device, the op count of the graphed call, a graphed MD run with a skin.
+Numbers worth keeping go to $MLIP_GRAPH_REPORT (JSON lines)."""
+import copy
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ase")
+pytest.importorskip("vesin")
+
+from mlip_accel.integrations import cuda_graphs as CG  # noqa: E402
+from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
+from mlip_accel.integrations.errors import InputError  # noqa: E402
+from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
+from mlip_accel.integrations.padding import EdgeCapacity  # noqa: E402
+from mlip_accel.testing.op_count import OpCounter  # noqa: E402
+from mlip_accel.testing.structures import two_element_structures  # noqa: E402
+
+RELATIVE = 1e-12
+# torch operations of one ASE call outside the model evaluation, CPU, padded list (measured: 16 in every
+# structure, 39 before the host work was cut; 7 when a skin lets the call reuse the neighbour list and its
+# padding). Upper bounds on operations, not times.
+MAX_HOST_OPS_PER_CALL = 18
+MAX_HOST_OPS_PER_CALL_REUSED_LIST = 8
+
+
+def report(**values):
+    path = os.environ.get("MLIP_GRAPH_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(values) + "\n")
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
+
+
+def nequip_model():
+    import nequip_fixtures as F
+
+    return F.tiny_model("float64")
+
+
+def mace_model():
+    import mace_fixtures as M
+
+    return M.tiny_model(first_block="RealAgnosticInteractionBlock")
+
+
+# ------------------------------------------------------------------------------------ auto switch-off
+
+def test_default_auto_max_edges_is_the_smallest_break_even():
+    evens = [CG.break_even_edges(*anchor[1:]) for anchor in CG._BREAK_EVEN_ANCHORS]
+    assert CG.DEFAULT_AUTO_MAX_EDGES <= min(evens) < CG.DEFAULT_AUTO_MAX_EDGES + 10_000
+    assert 150_000 < CG.DEFAULT_AUTO_MAX_EDGES < CG.DEFAULT_MAX_GRAPH_EDGES
+    # the break-even of a straight line through the anchors: the replay there costs the eager host time
+    assert abs(CG.break_even_edges(10.0, 1.0, 6.0, 0, 1000) - 1800.0) < 1e-9
+
+
+class _RecordingCache(CG.GraphCache):
+    """A graph cache that records what it would replay and declines (eager), so the policy runs on a CPU."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked = []
+
+    def run(self, positions, cell, types, neighbors, with_cell, stress, copy_outputs=True, own_edges=False):
+        if not self.fits(neighbors.num_edges):
+            return None
+        self.asked.append(neighbors.num_edges)
+        return None
+
+
+def _evaluator_with_cache(potential, max_graph_edges: int, auto: bool, pad_edges=None):
+    evaluator = CG.StepEvaluator(potential, cuda_graphs=False, pad_edges=pad_edges)
+    evaluator.pad_edges = True  # as cuda_graphs would set it on a GPU
+    evaluator._pad_for_graphs_only = pad_edges is None
+    evaluator.graphs = _RecordingCache(potential, max_graph_edges=max_graph_edges, warn_large=not auto)
+    return evaluator
+
+
+def _inputs(calc, atoms):
+    neighbors = calc.neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc)
+    return (torch.as_tensor(atoms.positions), torch.as_tensor(atoms.cell.array), atoms.pbc,
+            calc.potential.atom_types(atoms.numbers), neighbors)
+
+
+@pytest.mark.nequip
+def test_auto_graphs_run_large_lists_eagerly_without_padding():
+    calc = AcceleratedCalculator.from_model(nequip_model(), device="cpu", backend="reference", pad_edges=False)
+    atoms = two_element_structures("Cu", "Ag")["cell"]
+    args = _inputs(calc, atoms)
+    edges = args[-1].num_edges
+    want = calc.evaluator(*args, stress=True)
+
+    small = _evaluator_with_cache(calc.potential, max_graph_edges=edges, auto=True)  # capacity 1.1 x edges: over
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = small(*args, stress=True)
+    assert not [w for w in caught if "max_graph_edges" in str(w.message)]  # "auto" switches off silently
+    assert small.graphs.asked == [] and small.graphs.eager_large == 1
+    assert small.edge_capacity == small.num_edges == edges  # no padding where no graph runs
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+
+    roomy = _evaluator_with_cache(calc.potential, max_graph_edges=10 * edges, auto=True)
+    got = roomy(*args, stress=True)
+    assert roomy.graphs.asked == [roomy.edge_capacity] and roomy.edge_capacity > edges
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+
+    # cuda_graphs=True with pad_edges asked for: padded, eager, one warning for the whole run
+    explicit = _evaluator_with_cache(calc.potential, max_graph_edges=edges, auto=False, pad_edges=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            got = explicit(*args, stress=True)
+    assert len([w for w in caught if "exceed max_graph_edges" in str(w.message)]) == 1
+    assert explicit.edge_capacity > edges and explicit.graphs.eager_large == 2
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+
+
+def test_step_evaluator_limits_by_mode():
+    class Fake:  # what StepEvaluator reads of a potential on the CPU
+        device = torch.device("cpu")
+        model = torch.nn.Linear(1, 1)
+
+    assert CG.StepEvaluator(Fake(), cuda_graphs=False).graphs is None
+    with pytest.raises(InputError, match="needs a CUDA device"):
+        CG.StepEvaluator(Fake(), cuda_graphs=True)
+
+
+class _ReplayByRunning:
+    """Stands in for a CUDA graph on a CPU: a replay runs the evaluation on the static input buffers and writes
+    the static outputs, as a real replay would."""
+
+    def __init__(self, step, outputs):
+        self.step, self.outputs = step, outputs
+
+    def replay(self):
+        for key, value in self.step().items():
+            self.outputs[key].copy_(value)
+
+    def reset(self):
+        pass
+
+
+class _CpuGraphCache(CG.GraphCache):
+    """The graph cache with its CUDA capture replaced (_record): everything else, which inputs are copied into
+    the static buffers and when, which graph is replayed, runs as on a GPU."""
+
+    def _record(self, step, inputs, device):
+        outputs = step()
+        return _ReplayByRunning(step, outputs), outputs, 0
+
+
+def _cpu_graphed(calc):
+    evaluator = calc.evaluator
+    evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
+    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
+    return evaluator.graphs
+
+
+@pytest.mark.nequip
+@pytest.mark.parametrize("skin", [0.0, 0.5])
+def test_graph_cache_input_buffers_never_go_stale(skin):
+    """An MD run through the graph cache's bookkeeping (inputs copied into static buffers, copies skipped for an
+    unchanged cell, types and reused padded list, replays of the right graph) gives the eager results at every
+    step, through a cell change, a type change and a capacity growth."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    from mlip_accel.integrations.md import initial_velocities
+
+    model = nequip_model()
+    eager = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference", pad_edges=False)
+    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                               neighbor_skin=skin)
+    cache = _cpu_graphed(graphed)
+    graphed.evaluator.capacity = EdgeCapacity(headroom=1.0, growth=1.05)  # any new edge grows it
+    atoms = two_element_structures("Cu", "Ag")["cell"].copy()
+    atoms.calc = eager
+    initial_velocities(atoms, 2000.0, seed=5)
+    worst = []
+
+    def compare():
+        other = atoms.copy()
+        other.calc = graphed
+        for prop in ("get_forces", "get_stress", "get_potential_energy"):
+            worst.append(rel(getattr(other, prop)(), getattr(atoms, prop)()))
+
+    dyn = VelocityVerlet(atoms, 2.0 * units.fs)
+    dyn.attach(compare, interval=1)
+    dyn.run(4)
+    atoms.set_cell(atoms.cell * 0.95, scale_atoms=True)  # a new cell, more edges: capacity grows
+    dyn.run(3)
+    atoms.symbols[0] = "Ag" if atoms.symbols[0] == "Cu" else "Cu"  # new types, same atom count
+    dyn.run(3)
+    assert max(worst) <= RELATIVE, max(worst)
+    assert cache.captures >= 2 and cache.replays > cache.captures
+    assert graphed.evaluator.capacity.grown >= 1
+
+
+@pytest.mark.nequip
+def test_step_evaluator_sees_in_place_edits_through_torch():
+    """The documented API: the same cell and neighbour tensors edited in place (torch counts the edit) are
+    copied again, never replayed stale; copy_outputs=False hands out the graph's own outputs."""
+    calc = AcceleratedCalculator.from_model(nequip_model(), device="cpu", backend="reference", pad_edges=False)
+    atoms = two_element_structures("Cu", "Ag")["cell"]
+    positions, cell, pbc, types, neighbors = _inputs(calc, atoms)
+    evaluator = CG.StepEvaluator(calc.potential, cuda_graphs=False)
+    evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
+    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
+    first = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    again = evaluator(positions, cell, pbc, types, neighbors, stress=True, copy_outputs=False)
+    assert evaluator.graphs.replays == 2 and rel(again["forces"], first["forces"]) <= RELATIVE
+    assert again["forces"] is evaluator.graphs._graphs[next(iter(evaluator.graphs._graphs))].outputs["forces"]
+    with torch.no_grad():
+        cell.mul_(1.01)  # strained in place: same tensor, new version
+        positions.mul_(1.01)
+    want = calc.evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    got = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    assert evaluator.graphs.replays == 3
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+    with torch.no_grad():
+        types[0] = 1 - types[0]  # another element, in place
+    want = calc.evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    got = evaluator(positions, cell, pbc, types, neighbors, stress=True)
+    for key in want:
+        assert rel(got[key], want[key]) <= RELATIVE, key
+
+
+# ------------------------------------------------------------------------------------ host work per call
+
+@pytest.mark.nequip
+@pytest.mark.parametrize("name", ["cell", "slab", "molecule"])
+def test_host_operations_per_ase_call_are_bounded(name):
+    """The calculator's own torch operations per MD step (outside Potential.compute, which a CUDA graph replays
+    in one launch): bounded, and none reads a device value on the host (no `_local_scalar_dense`, a sync)."""
+    atoms = two_element_structures("Cu", "Ag")[name].copy()
+    for skin in (0.0, 0.5):
+        calc = AcceleratedCalculator.from_model(nequip_model(), device="cpu", backend="reference", pad_edges=True,
+                                                neighbor_skin=skin)
+        atoms.calc = calc
+        atoms.get_forces()  # first call: capacity, cached device inputs
+        counts = []
+        for step in range(3):
+            atoms.positions = atoms.positions + 0.001 * (step + 1)
+            with OpCounter(pause_in=[(calc.potential, "compute")]) as ops:
+                atoms.get_forces()
+            counts.append(ops.total)
+            assert "_local_scalar_dense" not in ops.counts, dict(ops.counts)
+        report(test="host_ops_per_call", structure=name, skin=skin, ops=counts[-1])
+        bound = MAX_HOST_OPS_PER_CALL
+        if skin:
+            assert calc.neighbor_list.builds == 1  # moved 0.006 A in all: the list was reused
+            bound = MAX_HOST_OPS_PER_CALL_REUSED_LIST
+        assert max(counts) <= bound, (counts, dict(ops.counts))
+        assert "compute" not in vars(calc.potential)  # the counter put the method back
+
+
+def test_op_counter_pauses_and_restores():
+    class Box:
+        def work(self, x):
+            return x * 2 + 1
+
+    box = Box()
+    x = torch.ones(3)
+    with OpCounter() as all_ops:
+        box.work(x)
+    with OpCounter(pause_in=[(box, "work")]) as outside:
+        box.work(x)
+        x.sum()
+    assert all_ops.total == 2 and outside.total == 1 and outside.counts["sum"] == 1
+    assert "work" not in vars(box)
+
+
+# ------------------------------------------------------------------------------------ neighbour-list skin
+
+def test_neighbor_list_skin_reuse_and_rebuild():
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    atoms.rattle(0.05, seed=0)
+    nl = NeighborList(4.0, skin=0.6)
+    args = lambda a: (a.positions, a.cell.array, a.pbc)  # noqa: E731
+    first = nl(*args(atoms))
+    assert nl.builds == 1 and nl.cutoff == 4.0
+    moved = atoms.copy()
+    moved.positions[3] += [0.29, 0.0, 0.0]  # < skin / 2: reused
+    assert nl(*args(moved)) is first and nl.builds == 1
+    moved.positions[5] += [0.0, 0.0, 0.31]  # > skin / 2: rebuilt
+    assert nl(*args(moved)) is not first and nl.builds == 2
+    strained = moved.copy()
+    strained.set_cell(moved.cell * 1.001, scale_atoms=False)  # a new cell: rebuilt
+    nl(*args(strained))
+    assert nl.builds == 3
+    nl(*args(strained[:-1]))  # another atom count: rebuilt
+    assert nl.builds == 4
+    # the skin list holds every pair of the skin-free list, and more
+    plain = NeighborList(4.0)(*args(atoms))
+    skinned = NeighborList(4.0, skin=0.6)(*args(atoms))
+    pairs = lambda n: {tuple(r) for r in torch.cat([n.receivers[:, None], n.senders[:, None],  # noqa: E731
+                                                    n.unit_shifts], 1).tolist()}
+    assert pairs(plain) < pairs(skinned)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(InputError, match="skin"):
+            NeighborList(4.0, skin=bad)
+
+
+def _md_with_and_without_skin(make_model, atoms, skin: float, steps: int = 10, pad_edges: bool = False):
+    """Velocity-Verlet driven by the skin-free calculator; at every step both calculators evaluate the same
+    positions. Returns the largest relative differences and the skin calculator."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    from mlip_accel.integrations.md import initial_velocities
+
+    plain = AcceleratedCalculator.from_model(make_model(), device="cpu", backend="reference", pad_edges=False)
+    skinned = AcceleratedCalculator.from_model(make_model(), device="cpu", backend="reference",
+                                               pad_edges=pad_edges, neighbor_skin=skin)
+    atoms = atoms.copy()
+    atoms.calc = plain
+    initial_velocities(atoms, 2500.0, seed=3)
+    worst = {}
+    extra_edges = []
+
+    def compare():
+        other = atoms.copy()
+        other.calc = skinned
+        got = {"energy": other.get_potential_energy(), "energies": other.get_potential_energies(),
+               "forces": other.get_forces()}
+        want = {"energy": atoms.get_potential_energy(), "energies": atoms.get_potential_energies(),
+                "forces": atoms.get_forces()}
+        if atoms.pbc.all():
+            got["stress"], want["stress"] = other.get_stress(), atoms.get_stress()
+        for key in want:
+            assert np.isfinite(got[key]).all(), key
+            worst[key] = max(worst.get(key, 0.0), rel(got[key], want[key]))
+        extra_edges.append(skinned.num_edges - plain.num_edges)
+
+    dyn = VelocityVerlet(atoms, 2.0 * units.fs)
+    dyn.attach(compare, interval=1)
+    dyn.run(steps)
+    return worst, skinned, extra_edges
+
+
+def _check_skin_is_exact(make_model, a: str, b: str, pad_edges: bool = False):
+    structures = two_element_structures(a, b)
+    # skins: the cell's reaches the next shell, the molecule's its farthest pair (4.51 A at r_max 4 A)
+    for name, skin in (("cell", 0.25), ("molecule", 0.6)):
+        worst, calc, extra = _md_with_and_without_skin(make_model, structures[name], skin=skin, pad_edges=pad_edges)
+        evaluations = len(extra)
+        assert all(err <= RELATIVE for err in worst.values()), (name, worst)
+        assert 2 <= calc.neighbor_list.builds < evaluations, (name, calc.neighbor_list.builds)  # reused and rebuilt
+        assert max(extra) > 0, name  # the reused lists did hold edges beyond the cutoff
+        report(test="skin_md", structure=name, builds=calc.neighbor_list.builds, evaluations=evaluations,
+               **{f"rel_{k}": v for k, v in worst.items()})
+
+
+@pytest.mark.nequip
+@pytest.mark.parametrize("pad_edges", [False, True], ids=["plain", "padded"])
+def test_nequip_skin_md_equals_skin_free_md(pad_edges):
+    model = nequip_model()
+    _check_skin_is_exact(lambda: copy.deepcopy(model), "Cu", "Ag", pad_edges=pad_edges)
+
+
+@pytest.mark.mace
+def test_mace_skin_md_equals_skin_free_md():
+    _check_skin_is_exact(mace_model, "Cu", "O")
+
+
+@pytest.mark.nequip
+def test_cutoff_envelopes_are_exactly_zero_beyond_r_max():
+    """What the skin and the padding rely on: the cutoff envelope is a mask, exactly 0 at and beyond r_max."""
+    from nequip.nn.embedding.cutoffs import PolynomialCutoff
+
+    x = torch.tensor([0.5, 0.999, 1.0, 1.0001, 1.2, 3.0], dtype=torch.float64)  # r / r_max
+    out = PolynomialCutoff(6)(x)
+    assert torch.count_nonzero(out[2:]) == 0 and torch.all(out[:2] > 0)
+
+
+@pytest.mark.mace
+def test_mace_cutoff_envelope_is_exactly_zero_beyond_r_max():
+    from mace.modules.radial import PolynomialCutoff
+
+    r = torch.tensor([[2.0], [3.999], [4.0], [4.0001], [4.8], [12.0]], dtype=torch.float64)
+    out = PolynomialCutoff(r_max=4.0, p=5)(r)
+    assert torch.count_nonzero(out[2:]) == 0 and torch.all(out[:2] > 0)
+
+
+# ------------------------------------------------------------------------------------ GPU
+
+def _default_calc(dtype="float64", **kwargs):
+    from mlip_accel.integrations import default_model
+
+    return AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cuda", dtype=dtype, backend="cuda",
+                                           **kwargs)
+
+
+def _crystal(repeat, a=3.61, rattle=0.1, seed=0):
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=a, cubic=True).repeat(repeat)
+    atoms.rattle(rattle, seed=seed)
+    return atoms
+
+
+def _device_inputs(calc, atoms):
+    f64 = dict(dtype=torch.float64, device="cuda")
+    neighbors = calc.neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc)
+    return (torch.as_tensor(atoms.positions, **f64), torch.as_tensor(atoms.cell.array, **f64), atoms.pbc,
+            calc.potential.atom_types(atoms.numbers), neighbors)
+
+
+@pytest.mark.gpu
+@pytest.mark.nequip
+def test_graphs_share_one_memory_pool():
+    """Three captures (32, 108, 256 atoms) into one shared pool reserve less GPU memory than three private
+    pools, give the eager results, and replay correctly in any order."""
+    calc = _default_calc("float32")
+    inputs = [_device_inputs(calc, _crystal(r)) for r in (2, 3, 4)]
+    eager = CG.StepEvaluator(calc.potential, cuda_graphs=False)
+    wants = [eager(*args) for args in inputs]  # also the lazy initialisation, before anything is measured
+
+    def capture_all(shared: bool):
+        evaluator = CG.StepEvaluator(calc.potential, cuda_graphs=True)
+        evaluator.graphs.shared_pool = shared
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        outs = [evaluator(*args) for args in inputs]
+        torch.cuda.synchronize()
+        return evaluator, outs, torch.cuda.memory_reserved() - before
+
+    private, private_outs, private_growth = capture_all(shared=False)
+    private_mib = private.graphs.nbytes / 2 ** 20
+    assert len({entry.graph.pool() for entry in private.graphs._graphs.values()}) == 3
+    private.release()
+    del private
+    shared, shared_outs, shared_growth = capture_all(shared=True)
+    assert len(shared.graphs) == 3 and len({entry.graph.pool() for entry in shared.graphs._graphs.values()}) == 1
+    for outs in (private_outs, shared_outs):
+        for got, want in zip(outs, wants):
+            for key in ("energy", "forces"):
+                assert rel(got[key].cpu(), want[key].cpu()) <= 1e-5, key
+    report(test="shared_pool", shared_reserved_mib=shared_growth / 2 ** 20,
+           private_reserved_mib=private_growth / 2 ** 20, shared_nbytes_mib=shared.graphs.nbytes / 2 ** 20, private_nbytes_mib=private_mib, graphs=len(shared.graphs))
+    assert shared.graphs.nbytes > 0
+    assert shared_growth < private_growth
+    # replays in any order after the captures give each structure its own results
+    for args, want in reversed(list(zip(inputs, wants))):
+        assert rel(shared(*args)["forces"].cpu(), want["forces"].cpu()) <= 1e-5
+    assert shared.graphs.captures == 3
+    shared.release()
+    assert shared.graphs.nbytes == 0 and len(shared.graphs) == 0
+    shared(*inputs[0])  # a new pool after a release
+    assert shared.graphs.captures == 4 and shared.graphs.nbytes > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.nequip
+def test_auto_graphs_switch_off_above_the_limit_on_the_gpu():
+    calc = _default_calc("float64")
+    args = _device_inputs(calc, _crystal(3))
+    auto = CG.StepEvaluator(calc.potential, max_graph_edges=args[-1].num_edges)  # "auto": capacity is above
+    eager = CG.StepEvaluator(calc.potential, cuda_graphs=False)
+    got, want = auto(*args), eager(*args)
+    assert auto.graphs.captures == 0 and auto.graphs.eager_large == 1 and auto.edge_capacity == auto.num_edges
+    assert rel(got["forces"].cpu(), want["forces"].cpu()) <= RELATIVE
+
+
+@pytest.mark.gpu
+@pytest.mark.nequip
+def test_graphed_ase_call_host_operations():
+    calc = _default_calc("float32")
+    atoms = _crystal(4)
+    atoms.calc = calc
+    atoms.get_forces()
+    atoms.positions = atoms.positions + 0.001
+    atoms.get_forces()
+    assert calc.cuda_graphs and calc.evaluator.graphs.replays >= 1
+    atoms.positions = atoms.positions + 0.001
+    with OpCounter() as ops:  # the whole call: neighbour list on the GPU, padding, copies, replay, results
+        atoms.get_forces()
+    report(test="graphed_call_host_ops", ops=ops.total, counts=dict(ops.counts),
+           neighbor_list_on_gpu=calc.neighbor_list.on_gpu)
+    assert "_local_scalar_dense" not in ops.counts, dict(ops.counts)
+    # a generous bound (the CPU path counts 16 besides the model; here the GPU neighbour list's conversions,
+    # sort and CuPy allocations through torch, the input copies into the graph and the results' copy to the host)
+    assert ops.total <= 80, dict(ops.counts)
+
+
+@pytest.mark.gpu
+@pytest.mark.nequip
+def test_graphed_md_with_a_skin_follows_the_skin_free_run():
+    from mlip_accel.integrations.md import initial_velocities, run_md
+
+    results = {}
+    for skin in (0.0, 0.5):
+        calc = _default_calc("float64", neighbor_skin=skin)
+        atoms = _crystal(4, rattle=0.0, a=3.70)
+        atoms.calc = calc
+        initial_velocities(atoms, 1500.0, 0)
+        res = run_md(atoms, 100, timestep_fs=1.0, ensemble="nve", progress_label=None, warmup=0)
+        results[skin] = (res, atoms.positions.copy(), calc)
+    (res0, pos0, _), (res1, pos1, calc1) = results[0.0], results[0.5]
+    report(test="graphed_md_skin", builds=calc1.neighbor_list.builds, positions_rel=rel(pos1, pos0),
+           steps_per_s_skin=res1.steps_per_second, steps_per_s_no_skin=res0.steps_per_second)
+    assert calc1.cuda_graphs and calc1.neighbor_list.builds < 50
+    assert rel(pos1, pos0) <= 1e-9 and rel(res1.total_energy, res0.total_energy) <= 1e-9
