@@ -71,6 +71,10 @@ class MACESkipLinear(torch.nn.Module):
         for name, buf in original.named_buffers(recurse=False):
             self.register_buffer(name, buf)
         self._paths = paths
+        # the output's pieces as plain ints: forward must not touch e3nn's Irreps, whose guards torch.compile
+        # cannot build (TorchSim's MACE wrapper compiles the model)
+        self._out_pieces = tuple((s.start, s.stop, mul * ir.dim)
+                                 for s, (mul, ir) in zip(original.irreps_out.slices(), original.irreps_out))
         self._original = (original,)  # outside the module tree: restore() puts it back
 
     @property
@@ -88,9 +92,9 @@ class MACESkipLinear(torch.nn.Module):
             key = (s_out.start, s_out.stop)
             pieces[key] = yi if key not in pieces else pieces[key] + yi
         out = []
-        for s_out, (mul, ir) in zip(self.irreps_out.slices(), self.irreps_out):
-            piece = pieces.get((s_out.start, s_out.stop))
-            out.append(piece if piece is not None else x.new_zeros(b, mul * ir.dim))
+        for start, stop, width in self._out_pieces:
+            piece = pieces.get((start, stop))
+            out.append(piece if piece is not None else x.new_zeros(b, width))
         return torch.cat(out, dim=-1) if len(out) > 1 else out[0]
 
 
