@@ -287,3 +287,27 @@ def test_gpu_parity_cuda_backend(dtype, structures):
     assert_close(evaluate(fast, batch), evaluate(plain, batch), tol)
     out = evaluate(fast, batch, training=True)
     (out["forces"] ** 2).sum().backward()  # the double backward runs on the GPU too
+
+
+def test_frozen_parameters_forces_skip_first_layer_grad_x(structures, monkeypatch):
+    """MACE's TorchSim and ASE wrappers freeze the parameters: the first interaction's node features then depend
+    on parameters only, so its convolution backward computes grad y and grad w, not grad x (the later layers'
+    features depend on positions: all three). Forces and stress unchanged."""
+    from mlip_accel import reference
+    plain, model = _accelerated_pair()
+    for m in (plain, model):
+        for p in m.parameters():
+            p.requires_grad_(False)
+    asked = []
+    real = reference.conv_backward
+
+    def recording(problem, x, y, w, gz, dst, src, tperm=None, need=(True, True, True)):
+        asked.append(tuple(need))
+        return real(problem, x, y, w, gz, dst, src, tperm, need)
+
+    monkeypatch.setattr(reference, "conv_backward", recording)
+    batch = batch_for(model, structures)
+    out = evaluate(model, batch)
+    n = len(_convs(model))
+    assert n >= 2 and asked[::-1] == [(False, True, True)] + [(True, True, True)] * (n - 1), asked
+    assert_close(out, evaluate(plain, batch), TOLERANCE[str(batch["positions"].dtype).removeprefix("torch.")])

@@ -132,3 +132,58 @@ def test_torch_compile_fullgraph():
     g_ref = torch.autograd.grad(e_ref, x)[0]
     g = torch.autograd.grad(e, x)[0]
     assert rel_err(g, g_ref) <= 1e-12
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_conv_backward_computes_only_the_gradients_autograd_needs(monkeypatch, deterministic):
+    """Forces through a model with frozen parameters: the first convolution's x depends on parameters only, so
+    its backward is asked for grad y and grad w, not grad x (no accumulation by sender); the gradients asked
+    for equal those of the full backward."""
+    from mlip_accel import reference
+    tp = small_tp()
+    conv = mlip_accel.TensorProductConv.from_e3nn(tp, backend="reference", deterministic=deterministic)
+    x, y, w, dst, src, _ = conv_args(tp, deterministic)
+    asked = []
+    real = reference.conv_backward
+
+    def recording(problem, *args, **kwargs):
+        asked.append(tuple(kwargs.get("need", args[7] if len(args) > 7 else (True, True, True))))
+        return real(problem, *args, **kwargs)
+
+    monkeypatch.setattr(reference, "conv_backward", recording)
+    gz = torch.randn(x.shape[0], tp.irreps_out.dim, dtype=torch.float64)
+    full = torch.autograd.grad(conv(x.requires_grad_(), y.requires_grad_(), w.requires_grad_(), dst, src), (x, y, w),
+                               gz)
+    assert asked == [(True, True, True)]
+    asked.clear()
+    x0 = x.detach()  # not requiring grad: the first layer's node features under frozen parameters
+    gy, gw = torch.autograd.grad(conv(x0, y, w, dst, src), (y, w), gz)
+    assert asked == [(False, True, True)]
+    assert torch.equal(gy, full[1]) and torch.equal(gw, full[2])
+    asked.clear()
+    (gy,) = torch.autograd.grad(conv(x0, y, w.detach(), dst, src), (y,), gz)
+    assert asked == [(False, True, False)]
+    assert torch.equal(gy, full[1])
+
+
+def test_conv_backward_op_with_gradients_left_out():
+    """opcheck of conv_backward told to skip gradients (empty tensors in their places), and the double
+    backward through a backward that skipped grad x (second derivatives of the others unchanged)."""
+    tp = small_tp()
+    key = mlip_accel.TensorProductConv.from_e3nn(tp).problem_key
+    x, y, w, dst, src, g = conv_args(tp, True, requires_grad=True)
+    gz = torch.randn(x.shape[0], tp.irreps_out.dim, dtype=torch.float64, requires_grad=True)
+    for need in ((False, True, True), (True, False, False), (False, False, False)):
+        torch.library.opcheck(torch.ops.mlip_accel.conv_backward.default,
+                              (x, y, w, gz, dst, src, *g, key, "reference", *need))
+        out = torch.ops.mlip_accel.conv_backward(x, y, w, gz, dst, src, *g, key, "reference", *need)
+        for t, grad, n in zip((x, y, w), out, need):
+            assert grad.shape == (t.shape if n else (0,))
+    conv = mlip_accel.TensorProductConv.from_e3nn(tp, backend="reference")
+    x0 = x.detach()
+    gy, gw = torch.autograd.grad(conv(x0, y, w, dst, src), (y, w), gz, create_graph=True)
+    second = torch.autograd.grad((gy * gy).sum() + (gw * gw).sum(), (y, w, gz))
+    gy_f, gw_f = torch.autograd.grad(conv(x0.requires_grad_(), y, w, dst, src), (y, w), gz, create_graph=True)
+    want = torch.autograd.grad((gy_f * gy_f).sum() + (gw_f * gw_f).sum(), (y, w, gz))
+    for a, b in zip(second, want):
+        assert rel_err(a, b) < 1e-12

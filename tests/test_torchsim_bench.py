@@ -59,3 +59,26 @@ def test_nequip_gets_a_batch_where_e3nn_fits(bench):
     assert [b[0] for b in bench.selected_batches(args)] == ["8x1000", "64x64", "16x64"]
     args.framework = "mace"
     assert [b[0] for b in bench.selected_batches(args)] == ["8x1000", "64x64"]
+
+
+def test_host_diagnostic_of_the_accelerated_mace_path():
+    """scripts/diag_torchsim_host.py on a 2 x 64-atom batch: the CUDA path's Python (kernels not run) through
+    MACE's TorchSim wrapper does one edge sort per call (two orders of num_edges keys), two host reads, no
+    scalar read of its own, and the first layer's backward skips grad x (the parameters are frozen)."""
+    pytest.importorskip("torch_sim")
+    pytest.importorskip("mace")
+    if SCRIPTS not in sys.path:
+        sys.path.insert(0, SCRIPTS)
+    diag = importlib.import_module("diag_torchsim_host")
+    entry = diag.diagnose(["2x2"])["2x2"]
+    order = entry["order"]
+    assert order["sender_sorted"] and not order["receiver_sorted"] and order["edges"] > 0
+    cuda = entry["mlip_accel_cuda_path"]
+    ours = {k: v for k, v in cuda["where"].items() if "mlip_accel/" in k}
+    sorts = {k: v for k, v in ours.items() if k.startswith("sort ")}
+    assert sum(sorts.values()) == 2 and all(k.endswith(f"({order['edges']})") for k in sorts), ours
+    assert not [k for k in ours if k.startswith("_local_scalar_dense")], ours
+    assert sum(cuda["tolist"].values()) == 2, cuda["tolist"]
+    assert entry["edge_sort_cache_sorts"] == 2  # the warm-up call and the counted one: one sort per call
+    backward = sorted(k for k in cuda["launch_kernels"] if "_bac_" in k and not k.endswith("_fixup"))
+    assert len(backward) == 2 and any("_bac_yw_" in k for k in backward) and any("_bac_xyw_" in k for k in backward)

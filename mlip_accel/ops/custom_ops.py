@@ -170,12 +170,24 @@ def conv_forward(x: Tensor, y: Tensor, w: Tensor, edge_dst: Tensor, edge_src: Te
     return _conv_kernels(edge_dst, edge_src, perm, transpose_perm, problem, backend)[0](x, y, w)
 
 
+def _unneeded(t: Tensor) -> Tensor:
+    """What conv_backward returns for a gradient it was told not to compute: an empty tensor (an op returns
+    tensors, not None), which autograd never reads (the forward's backward returns None in its place)."""
+    return t.new_empty(0)
+
+
 @torch.library.custom_op(f"{NS}::conv_backward", mutates_args=())
 def conv_backward(x: Tensor, y: Tensor, w: Tensor, grad_z: Tensor, edge_dst: Tensor, edge_src: Tensor,
                   perm: Optional[Tensor], transpose_perm: Optional[Tensor], problem: str,
-                  backend: str) -> tuple[Tensor, Tensor, Tensor]:
+                  backend: str, need_x: bool = True, need_y: bool = True,
+                  need_w: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad x, grad y, grad w); a gradient not needed is not computed (an empty tensor in its place): forces
+    through a model with frozen parameters need no grad x in the first layer, whose x depends on parameters
+    only, and the kernels then skip its accumulation by sender."""
+    need = (need_x, need_y, need_w)
     bwd = _conv_kernels(edge_dst, edge_src, perm, transpose_perm, problem, backend)[1]
-    return tuple(bwd(x, y, w, grad_z, (True, True, True)))
+    grads = bwd(x, y, w, grad_z, need) if any(need) else (None, None, None)
+    return tuple(g if n else _unneeded(t) for g, t, n in zip(grads, (x, y, w), need))
 
 
 @torch.library.custom_op(f"{NS}::conv_double_backward", mutates_args=())
@@ -201,8 +213,9 @@ def _(x, y, w, edge_dst, edge_src, perm, transpose_perm, problem, backend):
 
 
 @conv_backward.register_fake
-def _(x, y, w, grad_z, edge_dst, edge_src, perm, transpose_perm, problem, backend):
-    return torch.empty_like(x), torch.empty_like(y), torch.empty_like(w)
+def _(x, y, w, grad_z, edge_dst, edge_src, perm, transpose_perm, problem, backend, need_x=True, need_y=True,
+      need_w=True):
+    return tuple(torch.empty_like(t) if n else _unneeded(t) for t, n in zip((x, y, w), (need_x, need_y, need_w)))
 
 
 @conv_double_backward.register_fake
@@ -212,18 +225,21 @@ def _(x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm, transpose_perm, 
 
 _CONV_GRAPH = 4  # edge_dst, edge_src, perm, transpose_perm: no gradient
 _CONV_NO_GRAD = (None,) * (_CONV_GRAPH + 2)  # ... and the (problem, backend) strings
+_CONV_NEED = 3  # conv_backward's need_x, need_y, need_w: no gradient either
 
 
 def _conv_forward_bwd(ctx, grad_z):
     x, y, w = ctx.saved_tensors
-    gx, gy, gw = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args)
-    return gx, gy, gw, *_CONV_NO_GRAD
+    need = tuple(bool(n) for n in ctx.needs_input_grad[:3])
+    grads = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args, *need)
+    return (*(g if n else None for g, n in zip(grads, need)), *_CONV_NO_GRAD)
 
 
 def _conv_backward_bwd(ctx, ggx, ggy, ggw):
     x, y, w, grad_z = ctx.saved_tensors
-    out = conv_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.graph, *ctx.args)
-    return (*out, *_CONV_NO_GRAD)
+    # a gradient the backward did not compute (empty) has no incoming gradient either: _given skips it
+    out = conv_double_backward(x, y, w, grad_z, ggx, ggy, ggw, *ctx.graph, *ctx.args[:2])
+    return (*out, *_CONV_NO_GRAD, *(None,) * _CONV_NEED)
 
 
 conv_forward.register_autograd(_conv_forward_bwd, setup_context=_saver(3, num_graph=_CONV_GRAPH))
