@@ -53,7 +53,8 @@ def _every_role_plan() -> LaunchPlan:
 
 def test_kernel_arguments_marshals_every_role():
     plan = _every_role_plan()
-    x, out, tmp = torch.ones(3, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.float64), torch.empty(3)
+    x, out = torch.ones(3, 4, dtype=torch.float64), torch.ones(3, 4, dtype=torch.float64)
+    tmp = torch.empty(3, dtype=torch.float64)
     words = launch_plan.kernel_arguments(plan, dict(x=x, out=out, tmp=tmp, n=3, k=-2))
     assert words == [x.data_ptr(), 0, out.data_ptr(), tmp.data_ptr(), 3, -2]  # optional left out: null
     words = launch_plan.kernel_arguments(plan, dict(x=x, maybe=None, out=out, tmp=tmp, n=3, k=7))
@@ -64,6 +65,13 @@ def test_kernel_arguments_marshals_every_role():
         launch_plan.kernel_arguments(plan, dict(x=x, out=out, tmp=tmp, n=3, k=1, extra=x))
     with pytest.raises(TypeError, match="argument out must be a tensor"):
         launch_plan.kernel_arguments(plan, dict(x=x, out=3, tmp=tmp, n=3, k=1))
+    # a float32 tensor behind a double* would be written as garbage (a test leaking float64 as the default
+    # dtype once made an emulated kernel's output look like 1e155): refused, naming the type
+    with pytest.raises(TypeError, match=r"argument tmp must be a float64 tensor \(double\*\), got torch.float32"):
+        launch_plan.kernel_arguments(plan, dict(x=x, out=out, tmp=tmp.float(), n=3, k=1))
+    with pytest.raises(TypeError, match="argument maybe must be a int64 tensor"):
+        launch_plan.kernel_arguments(plan, dict(x=x, maybe=torch.zeros(3, dtype=torch.int32), out=out, tmp=tmp, n=3,
+                                                k=1))
 
 
 def test_cuda_executor_passes_each_word_as_the_plans_c_type():
@@ -79,7 +87,8 @@ def test_a_plan_launches_the_same_whatever_family_made_its_program(recorder):
     plan = _every_role_plan()
     module = types.SimpleNamespace(source="// module", plans=(plan,))
     kernel = GeneratedKernel(source="// kernel", plan=plan)
-    x, out, tmp = torch.ones(3, 4, dtype=torch.float64), torch.empty(3, 4, dtype=torch.float64), torch.empty(3)
+    x, out = torch.ones(3, 4, dtype=torch.float64), torch.empty(3, 4, dtype=torch.float64)
+    tmp = torch.empty(3, dtype=torch.float64)
     for program in (module, kernel):
         out.fill_(1.0)
         launch_plan.launch(program, plan, dict(x=x, out=out, tmp=tmp, n=3, k=5), x.device)

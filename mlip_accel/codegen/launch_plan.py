@@ -31,6 +31,15 @@ class Argument:
     def is_pointer(self) -> bool:
         return self.ctype.endswith("*")
 
+    @property
+    def element_type(self) -> str:
+        """The pointee's dtype name ("float32", "float64", "int64"); "" for a scalar. A launcher checks a tensor
+        against it: a float64 tensor behind a ``float*`` is read as garbage, not refused, by the kernel."""
+        if not self.is_pointer:
+            return ""
+        base = self.ctype.removeprefix("const ").rstrip("*").strip()
+        return next(name for name, c in POINTER_TYPES.items() if c == base)
+
 
 @dataclasses.dataclass(frozen=True)
 class GridRule:

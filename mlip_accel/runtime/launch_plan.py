@@ -24,10 +24,14 @@ def written(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
+_ELEMENT_TYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64"}
+
+
 def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
     """``values`` (by argument name) as the plan's argument list, in order: a tensor as its device address, an
     optional pointer left out or None as 0 (a null pointer), a scalar as an int. A name the plan does not have,
-    or a required argument left out, is a ValueError naming them."""
+    or a required argument left out, is a ValueError naming them; a tensor whose dtype is not the pointer's
+    element type a TypeError (the kernel would read or write its bytes as another type)."""
     args, found = [], 0
     for a in plan.arguments:
         v = values.get(a.name)
@@ -42,6 +46,9 @@ def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
         elif a.role == "scalar":
             args.append(int(v))
         elif isinstance(v, torch.Tensor):
+            if _ELEMENT_TYPES.get(v.dtype) != a.element_type:
+                raise TypeError(f"{plan.kernel}: argument {a.name} must be a {a.element_type} tensor ({a.ctype}), "
+                                f"got {v.dtype}")
             args.append(v.data_ptr())
         else:
             raise TypeError(f"{plan.kernel}: argument {a.name} must be a tensor, got {type(v).__name__}")
