@@ -5,7 +5,7 @@ compile_many with 1..N threads). Runs on the CPU (NVRTC only, no GPU needed); th
 memory cache cleared before each compile, so every number is a cold compile.
 
     python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
-                                    [--arch 90] [--out FILE.jsonl]
+                                    [--arch 90] [--chunk-loops] [--out FILE.jsonl]
 
 One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
 what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
@@ -52,8 +52,14 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--chunk-loops", action="store_true", help="generate with runtime.tuning's chunk loops")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    with backend.chunk_loops(args.chunk_loops):
+        measure(args)
+
+
+def measure(args) -> None:
     target = compiler.target_for(divmod(args.arch, 10))
     specs = {s["name"]: s for s in bench_problem_specs()}
     for name in args.problems.split(","):
@@ -61,7 +67,7 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             programs = step_programs(problem, dtype)
             sources = [p.source for p in programs]
-            row = {"problem": name, "dtype": dtype, "programs": len(programs),
+            row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops, "programs": len(programs),
                    "source_kB": round(sum(map(len, sources)) / 1000),
                    "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
                    "load_avg": os.getloadavg()[0], "wall_s": {}}
