@@ -7,6 +7,8 @@ memory cache cleared before each compile, so every number is a cold compile.
     python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
                                     [--arch 90] [--chunk-loops] [--out FILE.jsonl]
 
+With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so).
+
 One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
 what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
 seconds per thread count, and the wall a machine with more cores would need by the measured per-program
@@ -67,7 +69,8 @@ def measure(args) -> None:
         for dtype in args.dtypes.split(","):
             programs = step_programs(problem, dtype)
             sources = [p.source for p in programs]
-            row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops, "programs": len(programs),
+            row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,
+                   "fast_compile": bool(compiler.fast_compile_options()), "programs": len(programs),
                    "source_kB": round(sum(map(len, sources)) / 1000),
                    "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
                    "load_avg": os.getloadavg()[0], "wall_s": {}}

@@ -127,3 +127,22 @@ def test_precompile_writes_every_program_with_threads(cold, monkeypatch):
     assert (stats["modules"], stats["written"], stats["present"], stats["memory"]) == (3, 3, 0, 0)
     assert sorted(h for _, h in cold) == sorted(hashlib.sha256(s.encode()).hexdigest() for s in sources)
     assert precompile.precompile([None], TARGET, workers=2)["present"] == 3
+
+
+def test_fast_compile_is_off_by_default_and_cached_apart(cold, monkeypatch):
+    monkeypatch.delenv(compiler.FAST_COMPILE_ENV, raising=False)
+    assert compiler.fast_compile_options() == ()
+    source = KERNEL.format(name="f", factor="2.0")
+    default = compiler.compile_source(source, TARGET)
+    monkeypatch.setenv(compiler.FAST_COMPILE_ENV, "1")
+    if compiler.nvrtc_version() < (12, 8):
+        with pytest.raises(compiler.CompileError, match="needs NVRTC 12.8"):
+            compiler.compile_source(source, TARGET)
+        return
+    fast = compiler.compile_source(source, TARGET)
+    assert len(cold) == 2 and fast[:4] == b"\x7fELF"  # compiled again: its own cache key, not the default image
+    monkeypatch.setenv(compiler.FAST_COMPILE_ENV, "0")
+    assert compiler.compile_source(source, TARGET) == default and len(cold) == 2
+    monkeypatch.setenv(compiler.FAST_COMPILE_ENV, "yes")
+    with pytest.raises(ValueError, match=compiler.FAST_COMPILE_ENV):
+        compiler.compile_source(source, TARGET)

@@ -13,6 +13,10 @@ windows), so the wall time of a cold start is about that of the slowest program 
 ``MLIP_ACCEL_COMPILE_THREADS`` caps the threads (default: the CPUs this process may run on; 1 compiles
 serially, in order).
 
+``MLIP_ACCEL_FAST_COMPILE=1`` adds NVRTC's ``--Ofast-compile=min`` (NVRTC 12.8 or newer): nequip-benzene's
+largest walk compiles 1.7x faster on the CPU (benchmarks/compile_time.md), but the generated SASS differs
+and its run time is not measured yet, so it is off by default. Its images are cached under their own keys.
+
 An entry is ``MAGIC + sha256(image) + image``. A loaded entry must pass the checksum and look like what
 the driver loads (an ELF header for CUDA for a cubin, PTX text for PTX); one that does not (truncated,
 empty, bit-flipped, from an older layout) is recompiled and replaced. A cache location that cannot be
@@ -34,6 +38,8 @@ from pathlib import Path
 
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
 THREADS_ENV = "MLIP_ACCEL_COMPILE_THREADS"
+FAST_COMPILE_ENV = "MLIP_ACCEL_FAST_COMPILE"
+FAST_COMPILE_OPTION = "--Ofast-compile=min"  # NVRTC >= 12.8: fewer optimization passes; changes the SASS
 BASE_OPTIONS = ("--std=c++17", "--diag-suppress=177")  # 177: helper declared but unused in this kernel
 
 
@@ -190,6 +196,20 @@ def clear_memory_cache() -> None:
     _MEMORY.clear()
 
 
+def fast_compile_options() -> tuple[str, ...]:
+    """The NVRTC options ``$MLIP_ACCEL_FAST_COMPILE`` asks for: ("--Ofast-compile=min",) when it is 1, () when
+    unset or 0."""
+    value = os.environ.get(FAST_COMPILE_ENV, "").strip()
+    if value in ("", "0"):
+        return ()
+    if value != "1":
+        raise ValueError(f"{FAST_COMPILE_ENV}={value!r}: expected 0 or 1")
+    if nvrtc_version() < (12, 8):
+        raise CompileError(f"{FAST_COMPILE_ENV}=1 needs NVRTC 12.8 or newer for {FAST_COMPILE_OPTION}; this one is "
+                           f"{'.'.join(map(str, nvrtc_version()))} (unset {FAST_COMPILE_ENV})")
+    return (FAST_COMPILE_OPTION,)
+
+
 def compile_threads() -> int:
     """Threads :func:`compile_many` uses: ``$MLIP_ACCEL_COMPILE_THREADS``, else the CPUs this process may use."""
     value = os.environ.get(THREADS_ENV, "").strip()
@@ -243,7 +263,7 @@ def compile_many(sources, target: Target, names=None, threads: int | None = None
 
 
 def _cached_compile(source: str, target: Target, name: str, extra_options, use_memory: bool = True):
-    options = (*BASE_OPTIONS, *extra_options, target.option)
+    options = (*BASE_OPTIONS, *fast_compile_options(), *extra_options, target.option)
     key = cache_key(source, options)
     image = _MEMORY.get(key) if use_memory else None
     if image is not None:
