@@ -14,8 +14,9 @@ windows), so the wall time of a cold start is about that of the slowest program 
 serially, in order).
 
 ``MLIP_ACCEL_FAST_COMPILE=1`` adds NVRTC's ``--Ofast-compile=min`` (NVRTC 12.8 or newer): nequip-benzene's
-largest walk compiles 1.7x faster on the CPU (benchmarks/compile_time.md), but the generated SASS differs
-and its run time is not measured yet, so it is off by default. Its images are cached under their own keys.
+largest walk alone compiled 25-40% faster on the CPU, whole problems not consistently
+(benchmarks/compile_time.md), and the generated SASS differs, its run time unmeasured: off by default.
+Its images are cached under their own keys.
 
 An entry is ``MAGIC + sha256(image) + image``. A loaded entry must pass the checksum and look like what
 the driver loads (an ELF header for CUDA for a cubin, PTX text for PTX); one that does not (truncated,
