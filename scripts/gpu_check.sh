@@ -26,11 +26,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 : >"$OUT/summary.txt"
-stage() {  # stage NAME STATUS
-  echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"
-  [[ $2 -eq 0 ]] || status=1
-}
-status=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 
 {
   # mlip_accel is pure Python: install this tree (no dependencies, no network) into a target folder.

@@ -16,9 +16,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 STAGES=${STAGES:-core nequip mace symcon graphs}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
-status=0
 : >"$OUT/summary.txt"
-stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 log() { tee -a "$OUT/all.log" | tail -${TAIL:-30}; }  # the whole output into all.log, its end to stdout
 
 if want core; then

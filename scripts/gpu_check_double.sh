@@ -24,11 +24,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # mlip_accel is pure Python: 
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 PROBLEMS=${PROBLEMS:-mace-large,mace-medium,nequip-benzene}
 : >"$OUT/summary.txt"
-stage() {  # stage NAME STATUS
-  echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"
-  [[ $2 -eq 0 ]] || status=1
-}
-status=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

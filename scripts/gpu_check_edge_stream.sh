@@ -12,8 +12,7 @@ OUT=${OUT:-$PWD/gpu_check_edge_stream_out}
 mkdir -p "$OUT"
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 source scripts/device_env.sh >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-status=0
-stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 : >"$OUT/summary.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$OUT/setup.log" 2>&1
 

@@ -34,8 +34,7 @@ export OEQ_NOTORCH=1
 unset OEQ_JIT_EXTENSION
 touch "$MLIP_GRAPH_REPORT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
-status=0
-stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 
 if want tests_nequip; then
   (cd tests && timeout 200 bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" test_graph_cache.py test_cuda_graphs.py' 2>&1) \

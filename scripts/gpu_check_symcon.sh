@@ -21,8 +21,7 @@ PY=${SYMCON_PYTHON:-python3}  # a program, not the py_mace function: `timeout` r
 GPU_TESTS=${GPU_TESTS:-test_symmetric_contraction_gpu.py}
 BENCH_ARGS=${BENCH_ARGS:-}
 read -r LIMIT_PRECOMPILE LIMIT_TESTS LIMIT_BENCH <<<"${LIMITS:-90 150 170}"
-status=0
-stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 : >"$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $PY -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"

@@ -11,9 +11,8 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache} OMP_NUM_THREADS=4
 STAGES=${STAGES:-profile bench}
 want() { [[ " $STAGES " == *" $1 "* ]]; }
-status=0
 : >"$OUT/summary.txt"
-stage() { echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"; [[ $2 -eq 0 ]] || status=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 log() { tee -a "$OUT/all.log" | tail -${TAIL:-40}; }
 
 t0=$SECONDS

@@ -41,11 +41,7 @@ done
 want() { [[ $only == all || $only == "$1" || ($only == train && ($1 == nequip || $1 == mace)) ]]; }
 mkdir -p "$OUT" "$WORK/records"
 : >"$OUT/summary.txt"
-status=0
-stage() {  # stage NAME STATUS
-  echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"
-  [[ $2 -eq 0 ]] || status=1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 t0=$SECONDS
 
 {
