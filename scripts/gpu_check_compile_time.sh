@@ -19,11 +19,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # mlip_accel is pure Python: this working tree
 : >"$OUT/summary.txt"
-stage() {  # stage NAME STATUS
-  echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"
-  [[ $2 -eq 0 ]] || status=1
-}
-status=0
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   nproc
