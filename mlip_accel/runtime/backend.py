@@ -21,7 +21,7 @@ import torch
 
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
-from .sequence import once_per_tensor, run
+from .sequence import once_per_tensor, prepare, run
 from .tuning import accumulator_budget, budget_for, chunk_loops, edges_per_warp, scalar_overrides  # noqa: F401  (public test overrides)
 from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_tp
 
@@ -121,9 +121,10 @@ def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edg
             dtype, variant = DTYPES[x.dtype], "atomic" if perm is None else "det"
             rows = {"x": x, "ggx": ggx, "y": y, "ggy": ggy, "w": w, "ggw": ggw}
             by_dst = module_for(problem, dtype, "double_forward", variant, given)
+            by_src = module_for(problem, dtype, "double_backward", variant, given)
+            prepare([by_dst.sequence, by_src.sequence], x.device)  # both walks' programs compiled together
             dgz = _run(by_dst, {**rows, "order": perm, "keys": edge_dst, "others": edge_src}, num_edges,
                        num_nodes)["acc_out"]
-            by_src = module_for(problem, dtype, "double_backward", variant, given)
             outs = _run(by_src, {**rows, "gz": grad_z, "order": transpose_perm, "keys": edge_src,
                                  "others": edge_dst}, num_edges, num_nodes)
             dx, dy, dw = _grads(outs, by_src.spec.writes)

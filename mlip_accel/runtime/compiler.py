@@ -6,6 +6,18 @@ Compiled images are cached on disk under ``$MLIP_ACCEL_CACHE_DIR`` (default ``~/
 keyed by a hash of the source, the options and the NVRTC version, so a warm start loads without
 compiling. ``MLIP_ACCEL_CACHE_DIR=off`` disables the disk cache.
 
+Several programs needed together (a launch sequence's walk, fixup, gathers and ordered sums; precompile's
+whole list) compile concurrently in a thread pool (:func:`compile_many`): NVRTC releases the GIL and its
+compiles run in parallel within one process (measured: two threads' CPU time advances in the same 0.1 s
+windows), so the wall time of a cold start is about that of the slowest program when enough cores are free.
+``MLIP_ACCEL_COMPILE_THREADS`` caps the threads (default: the CPUs this process may run on; 1 compiles
+serially, in order).
+
+``MLIP_ACCEL_FAST_COMPILE=1`` adds NVRTC's ``--Ofast-compile=min`` (NVRTC 12.8 or newer): nequip-benzene's
+largest walk alone compiled 25-40% faster on the CPU, whole problems not consistently
+(benchmarks/compile_time.md), and the generated SASS differs, its run time unmeasured: off by default.
+Its images are cached under their own keys.
+
 An entry is ``MAGIC + sha256(image) + image``. A loaded entry must pass the checksum and look like what
 the driver loads (an ELF header for CUDA for a cubin, PTX text for PTX); one that does not (truncated,
 empty, bit-flipped, from an older layout) is recompiled and replaced. A cache location that cannot be
@@ -14,16 +26,21 @@ costs a warning, once per location and process, and the kernels are then kept in
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import os
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
 
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
+THREADS_ENV = "MLIP_ACCEL_COMPILE_THREADS"
+FAST_COMPILE_ENV = "MLIP_ACCEL_FAST_COMPILE"
+FAST_COMPILE_OPTION = "--Ofast-compile=min"  # NVRTC >= 12.8: fewer optimization passes; changes the SASS
 BASE_OPTIONS = ("--std=c++17", "--diag-suppress=177")  # 177: helper declared but unused in this kernel
 
 
@@ -90,6 +107,7 @@ class CompileStats:
 
 
 STATS = CompileStats()
+_STATS_LOCK = threading.Lock()  # compiles run in several threads (compile_many)
 _MEMORY: dict[str, bytes] = {}
 
 
@@ -174,18 +192,91 @@ def ensure_cached(source: str, target: Target, name: str = "mlip_accel.cu", extr
     return _cached_compile(source, target, name, extra_options, use_memory=False)[1]
 
 
+def clear_memory_cache() -> None:
+    """Forget the compiled images kept in memory (benchmarks time cold compiles; the disk cache is untouched)."""
+    _MEMORY.clear()
+
+
+def fast_compile_options() -> tuple[str, ...]:
+    """The NVRTC options ``$MLIP_ACCEL_FAST_COMPILE`` asks for: ("--Ofast-compile=min",) when it is 1, () when
+    unset or 0."""
+    value = os.environ.get(FAST_COMPILE_ENV, "").strip()
+    if value in ("", "0"):
+        return ()
+    if value != "1":
+        raise ValueError(f"{FAST_COMPILE_ENV}={value!r}: expected 0 or 1")
+    if nvrtc_version() < (12, 8):
+        raise CompileError(f"{FAST_COMPILE_ENV}=1 needs NVRTC 12.8 or newer for {FAST_COMPILE_OPTION}; this one is "
+                           f"{'.'.join(map(str, nvrtc_version()))} (unset {FAST_COMPILE_ENV})")
+    return (FAST_COMPILE_OPTION,)
+
+
+def compile_threads() -> int:
+    """Threads :func:`compile_many` uses: ``$MLIP_ACCEL_COMPILE_THREADS``, else the CPUs this process may use."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if value:
+        try:
+            threads = int(value)
+        except ValueError:
+            raise ValueError(f"{THREADS_ENV}={value!r}: expected a positive integer") from None
+        if threads < 1:
+            raise ValueError(f"{THREADS_ENV}={value!r}: expected a positive integer")
+        return threads
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def compile_many(sources, target: Target, names=None, threads: int | None = None, to_disk_only: bool = False):
+    """Compile several independent programs concurrently; [(result, seconds)] in the order of ``sources``:
+    the image, as :func:`compile_source` returns it, or with ``to_disk_only`` the status
+    :func:`ensure_cached` returns. A source given twice is compiled once. Every program is attempted; when
+    some fail, the CompileError of the first failing one (in the given order, its message naming the
+    program) is raised, saying how many others failed too."""
+    sources = list(sources)
+    names = list(names) if names is not None else ["mlip_accel.cu"] * len(sources)
+    unique = list(dict.fromkeys(sources))
+    name_of = dict(zip(reversed(sources), reversed(names)))  # a repeated source keeps its first name
+
+    def one(source):
+        start = time.perf_counter()
+        result = _cached_compile(source, target, name_of[source], (), use_memory=not to_disk_only)
+        return result[0 if not to_disk_only else 1], time.perf_counter() - start
+
+    threads = min(threads or compile_threads(), len(unique))
+    if threads <= 1:
+        outcomes = {}
+        for source in unique:
+            try:
+                outcomes[source] = one(source)
+            except CompileError as err:
+                outcomes[source] = err
+    else:
+        with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mlip_accel-nvrtc") as pool:
+            futures = {source: pool.submit(one, source) for source in unique}
+            outcomes = {source: f.exception() or f.result() for source, f in futures.items()}
+    failed = [outcomes[s] for s in unique if isinstance(outcomes[s], BaseException)]
+    if failed:
+        first = failed[0]
+        if len(failed) > 1 and isinstance(first, CompileError):
+            raise CompileError(f"{first}\n({len(failed) - 1} more of the {len(unique)} programs compiled "
+                               "together failed too)") from first
+        raise first
+    return [outcomes[s] for s in sources]
+
+
 def _cached_compile(source: str, target: Target, name: str, extra_options, use_memory: bool = True):
-    options = (*BASE_OPTIONS, *extra_options, target.option)
+    options = (*BASE_OPTIONS, *fast_compile_options(), *extra_options, target.option)
     key = cache_key(source, options)
     image = _MEMORY.get(key) if use_memory else None
     if image is not None:
-        STATS.memory_hits += 1
+        with _STATS_LOCK:
+            STATS.memory_hits += 1
         return image, "memory"
     directory = cache_dir()
     path = directory / f"{key}.{target.kind}" if directory is not None else None
     image = _read_entry(path, target.kind) if path is not None else None
     if image is not None:
-        STATS.disk_hits += 1
+        with _STATS_LOCK:
+            STATS.disk_hits += 1
         status = "present"
     else:
         image = _compile(source, options, target.kind, name)
@@ -207,8 +298,9 @@ def _compile(source: str, options: tuple[str, ...], kind: str, name: str) -> byt
         image = nvrtc.getCUBIN(prog) if kind == "cubin" else nvrtc.getPTX(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    STATS.compiled += 1
-    STATS.compile_seconds += time.perf_counter() - start
+    with _STATS_LOCK:
+        STATS.compiled += 1
+        STATS.compile_seconds += time.perf_counter() - start
     return image if isinstance(image, bytes) else bytes(image)
 
 

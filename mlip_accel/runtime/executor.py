@@ -13,7 +13,9 @@ An executor has one method, ``launch(program, plan, grid, block, args, device)``
 generated source and the plans of its kernels (``.source``, ``.plans``), ``args`` the plan's arguments as
 runtime.launch_plan.kernel_arguments gives them (device addresses, 0 for null, scalar ints); the plan's C
 types say how each is passed. Every kernel family launches through it; tests install a CPU emulator of the
-same interface (``use_executor``) to run the generated kernels without a GPU.
+same interface (``use_executor``) to run the generated kernels without a GPU. An executor may have a second,
+``prepare(programs, device)``, called before a launch sequence's first run on a device (runtime.sequence):
+the CUDA executor compiles the sequence's programs concurrently there.
 """
 from __future__ import annotations
 
@@ -85,6 +87,21 @@ class DeviceContexts:
 CONTEXTS = DeviceContexts()
 
 
+def program_name(program) -> str:
+    """The name NVRTC (and its error messages) knows ``program`` by: its first kernel's."""
+    return f"{program.plans[0].kernel}.cu"
+
+
+def compile_programs(programs, index: int) -> None:
+    """Compile ``programs`` for cuda:``index``'s architecture concurrently (runtime.compiler.compile_many) into
+    the in-memory cache, so that loading each of them later compiles nothing; a CompileError names the
+    program that failed."""
+    programs = list(programs)
+    if programs:
+        target = compiler.target_for(torch.cuda.get_device_capability(index))
+        compiler.compile_many([p.source for p in programs], target, [program_name(p) for p in programs])
+
+
 def load_functions(source: str, kernels, index: int, name: str = "mlip_accel.cu") -> dict[str, int]:
     """Compile ``source`` for cuda:``index``'s architecture (once per architecture: runtime.compiler's
     memory and disk caches) and load it into that device's primary context; {kernel name: function}.
@@ -132,12 +149,20 @@ class CudaExecutor:
                 func = self._functions.get(key)
                 if func is None:
                     names = [plan.kernel for plan in program.plans]
-                    loaded = load_functions(program.source, names, index, name=f"{names[0]}.cu")
+                    loaded = load_functions(program.source, names, index, name=program_name(program))
                     self._programs.append((program, index))
                     for k, f in loaded.items():
                         self._functions[(index, id(program), k)] = f
                     func = self._functions[key]
         return func
+
+    def prepare(self, programs, device: torch.device) -> None:
+        """Compile those of ``programs`` not yet loaded on ``device`` together, before their first launches
+        (which then only load them): a launch sequence's programs, compiled one by one at their first
+        launch, would cost the sum of their compile times instead of about the slowest one's."""
+        index = device_index(device)
+        compile_programs([p for p in dict.fromkeys(programs)
+                          if (index, id(p), p.plans[0].kernel) not in self._functions], index)
 
     def loaded_devices(self) -> set[int]:
         """Indices of the devices this executor has loaded modules on (tests, diagnostics)."""

@@ -1,4 +1,4 @@
-"""Warm the disk cache ahead of a run: compile the kernels of some problems in parallel processes.
+"""Warm the disk cache ahead of a run: compile the kernels of some problems concurrently (threads).
 
     python -m mlip_accel.runtime.precompile problems.json [--arch 90] [--workers 16]
 
@@ -7,14 +7,14 @@ for those problems (batched TP, deterministic and atomic convolution; forward, b
 variants the composed double backward calls and the fused double backward's two walks; float32 and
 float64) is compiled once into ``$MLIP_ACCEL_CACHE_DIR``. Sound entries already there are kept. It prints
 how many modules it wrote and exits with status 1 when the cache cannot be written (2 when the disk cache
-is off), so a job script can tell that it did nothing.
+is off), so a job script can tell that it did nothing. ``--workers`` caps the compile threads (default
+``$MLIP_ACCEL_COMPILE_THREADS``, else the CPUs this process may use): NVRTC compiles concurrently in one
+process (runtime.compiler.compile_many), so no worker processes are started.
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
-import multiprocessing
 import os
 import sys
 import time
@@ -44,23 +44,14 @@ def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
     return list(dict.fromkeys(p.source for gm in modules for p in gm.sequence.programs))
 
 
-def _compile_one(job) -> tuple[float, str]:
-    source, target = job
-    start = time.perf_counter()
-    status = compiler.ensure_cached(source, target)
-    return time.perf_counter() - start, status
-
-
 def precompile(problems, target: compiler.Target, workers: int | None = None) -> dict:
     """Compile into the disk cache; counts of modules "written", already "present" and kept in "memory"
-    only (not cached: the warnings of the worker processes say why)."""
+    only (not cached: the warnings say why)."""
     sources = list(dict.fromkeys(kernel_sources(problems)))
-    workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = list(pool.map(_compile_one, [(s, target) for s in sources], chunksize=1))
-    seconds = [r[0] for r in results]
-    statuses = [r[1] for r in results]
+    results = compiler.compile_many(sources, target, threads=workers, to_disk_only=True)
+    statuses = [r[0] for r in results]
+    seconds = [r[1] for r in results]
     return {"modules": len(sources), "written": statuses.count("written"), "present": statuses.count("present"),
             "memory": statuses.count("memory"), "wall_s": time.perf_counter() - start, "cpu_s": sum(seconds),
             "max_module_s": max(seconds, default=0.0)}

@@ -2,6 +2,9 @@
 its steps in order through the one launch path (runtime.launch_plan). Nothing here knows a kernel, a layout
 or a family: the sequence is the contract, and a C++ launcher executes the same data.
 
+Before a sequence first runs on a device, its programs are handed to the executor's ``prepare`` together
+(:func:`prepare`; the CUDA executor compiles them concurrently), not compiled one by one at their launches.
+
 Inside :func:`once_per_tensor` (a double backward, which runs the kernels several times on the same x and
 grad_z) a ``reusable`` step (a layout gather) runs once per input tensor: later sequences reuse its output.
 """
@@ -13,6 +16,7 @@ import contextvars
 import torch
 
 from ..codegen.sequence import LaunchSequence, evaluate
+from .executor import executor_for
 from .launch_plan import launch, written
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
@@ -66,6 +70,7 @@ class _Prepared:
         self.inputs = tuple(t.name for t in seq.inputs)
         self.names = frozenset(t.name for t in seq.tensors)
         self.buffers = {b.name: b for b in seq.buffers}
+        self.prepared: set[torch.device] = set()  # devices whose executor has prepared this sequence's programs
         self.steps = []
         for step in seq.steps:
             bind = dict(step.bind)
@@ -88,6 +93,21 @@ def _prepared(seq: LaunchSequence) -> _Prepared:
     return hit
 
 
+def prepare(seqs, device: torch.device) -> None:
+    """Hand the programs of ``seqs`` (launch sequences about to run on ``device``) to its executor's
+    ``prepare`` at once, where it has one, unless already done: the CUDA executor compiles them concurrently.
+    :func:`run` calls it for its own sequence; a caller about to run several (a double backward's two walks)
+    calls it for all of them first."""
+    preps = [p for p in map(_prepared, seqs) if device not in p.prepared]
+    if not preps:
+        return
+    executor = executor_for(device)
+    if hasattr(executor, "prepare"):
+        executor.prepare([prog for p in preps for prog in p.seq.programs], device)
+    for p in preps:
+        p.prepared.add(device)
+
+
 def run(seq: LaunchSequence, tensors: dict, scalars: dict, device: torch.device,
         overrides: dict | None = None) -> dict:
     """Execute ``seq`` with the caller's input ``tensors`` (by name; outputs may be handed over too, else they
@@ -100,6 +120,8 @@ def run(seq: LaunchSequence, tensors: dict, scalars: dict, device: torch.device,
         if unknown or missing:
             raise ValueError(f"{seq.name}: missing tensors {missing}, unknown tensors {unknown}")
     svals = scalars_of(seq, scalars, overrides)
+    if device not in prep.prepared:
+        prepare([seq], device)
     like = values[prep.inputs[0]]
     for t in seq.outputs:
         values[t.name] = tensors.get(t.name)

@@ -1,0 +1,95 @@
+"""Cold NVRTC compile of what a force-training step compiles at first use, per problem and dtype: the programs
+of the deterministic convolution's forward, backward, double_forward and double_backward launch sequences
+(walks, fixups, layout gathers, ordered sums), compiled serially and concurrently (runtime.compiler.
+compile_many with 1..N threads). Runs on the CPU (NVRTC only, no GPU needed); the disk cache is off and the
+memory cache cleared before each compile, so every number is a cold compile.
+
+    python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
+                                    [--arch 90] [--chunk-loops] [--out FILE.jsonl]
+
+With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so).
+
+One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
+what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
+seconds per thread count, and the wall a machine with more cores would need by the measured per-program
+times (longest-first onto 16 threads).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import os
+import time
+
+os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # cold compiles only (read when compiling, set before any)
+
+from mlip_accel.runtime import backend, compiler  # noqa: E402
+from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs  # noqa: E402
+
+DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
+
+
+def step_programs(problem, dtype: str) -> list:
+    """The distinct programs of the four deterministic launch sequences, in launch order."""
+    programs = {}
+    for direction in DIRECTIONS:
+        for p in backend.module_for(problem, dtype, direction, "det").sequence.programs:
+            programs.setdefault(p.source, p)
+    return list(programs.values())
+
+
+def predicted_wall(seconds: list[float], cores: int) -> float:
+    """Makespan of the per-program times scheduled longest first onto ``cores`` threads."""
+    loads = [0.0] * cores
+    for s in sorted(seconds, reverse=True):
+        heapq.heapreplace(loads, loads[0] + s)
+    return max(loads)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", default="mace-medium,mace-large,nequip-benzene")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--chunk-loops", action="store_true", help="generate with runtime.tuning's chunk loops")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    with backend.chunk_loops(args.chunk_loops):
+        measure(args)
+
+
+def measure(args) -> None:
+    target = compiler.target_for(divmod(args.arch, 10))
+    specs = {s["name"]: s for s in bench_problem_specs()}
+    for name in args.problems.split(","):
+        problem = bench_problem(specs[name])
+        for dtype in args.dtypes.split(","):
+            programs = step_programs(problem, dtype)
+            sources = [p.source for p in programs]
+            row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,
+                   "fast_compile": bool(compiler.fast_compile_options()), "programs": len(programs),
+                   "source_kB": round(sum(map(len, sources)) / 1000),
+                   "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
+                   "load_avg": os.getloadavg()[0], "wall_s": {}}
+            for threads in map(int, args.threads.split(",")):
+                compiler.clear_memory_cache()
+                start = time.perf_counter()
+                results = compiler.compile_many(sources, target, [f"{p.name}.cu" for p in programs], threads)
+                row["wall_s"][threads] = round(time.perf_counter() - start, 2)
+                if threads == 1:
+                    row["program_s"] = {p.name: round(r[1], 2) for p, r in zip(programs, results)}
+            if "program_s" in row:
+                seconds = list(row["program_s"].values())
+                row["serial_sum_s"] = round(sum(seconds), 2)
+                row["predicted_wall_16_s"] = round(predicted_wall(seconds, 16), 2)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
