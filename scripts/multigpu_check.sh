@@ -7,13 +7,15 @@
 # About 5 minutes on a fresh machine (call it with timeout_s 600): NVRTC compiles each model's kernels on
 # first use (the 1-GPU run fills the disk cache that the ranks then load). Stage limits in seconds:
 # MG_TEST_TIMEOUT (90), MG_NEQUIP_TIMEOUT (150), MG_MACE_TIMEOUT (180).
+# MG_SMI_MS (500): nvidia-smi's sampling period during the trainings (MACE's 2-GPU steps took 0.50 s each
+# with it at 500 ms: a different period tells whether the sampling paces them; benchmarks/multigpu.md).
 #
 # Under $OUT (default ./multigpu_out):
 #   setup.log                  GPUs, topology, versions, environment install
 #   multigpu_tests.log         tests/test_multigpu.py (ops on cuda:1 with cuda:0 the default,
 #                              two models on two devices, model moved, mixed devices refused, no context
 #                              on the unused GPU, CUDA_VISIBLE_DEVICES reordered)
-#   nvidia_smi_apps.csv        per process and GPU memory, sampled every 0.5 s during the trainings
+#   nvidia_smi_apps.csv        per process and GPU memory, sampled every $MG_SMI_MS ms during the trainings
 #   records.tar.gz             junit XML, per-rank records and the logs' last 80 lines of
 #                              scripts/multigpu_train.py: nequip-train (enable_MlipAccel, Lightning DDP,
 #                              devices=2) and mlip-accel-mace-train --distributed under torchrun, each
@@ -79,7 +81,7 @@ if want tests; then
 fi
 
 if want nequip || want mace; then
-  nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv -lms 500 \
+  nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv -lms "${MG_SMI_MS:-500}" \
     >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
   smi=$!
   if want nequip; then

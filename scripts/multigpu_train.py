@@ -359,6 +359,7 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
         timed = [st["seconds"] for st in steps[1:]] or [steps[0]["seconds"]]  # first step: compile, warm-up
         med = statistics.median(timed)
         return {"rank": rank, "device": steps[-1].get("device"), "median_step_s": med,
+                "step_seconds": [round(st["seconds"], 4) for st in steps],
                 "samples_per_step": steps[-1]["samples"], "samples_per_s": steps[-1]["samples"] / med,
                 "peak_mib": steps[-1].get("peak_bytes", 0) / 2**20,
                 "allocated_on_other_gpus": steps[-1].get("allocated_elsewhere")}
