@@ -7,18 +7,22 @@
 # About 5 minutes on a fresh machine (call it with timeout_s 600): NVRTC compiles each model's kernels on
 # first use (the 1-GPU run fills the disk cache that the ranks then load). Stage limits in seconds:
 # MG_TEST_TIMEOUT (90), MG_NEQUIP_TIMEOUT (150), MG_MACE_TIMEOUT (180).
+# MG_SMI_MS (500): nvidia-smi's sampling period during the trainings (MACE's 2-GPU steps took 0.50 s each
+# with it at 500 ms: a different period tells whether the sampling paces them; benchmarks/multigpu.md).
 #
 # Under $OUT (default ./multigpu_out):
 #   setup.log                  GPUs, topology, versions, environment install
 #   multigpu_tests.log         tests/test_multigpu.py (ops on cuda:1 with cuda:0 the default,
 #                              two models on two devices, model moved, mixed devices refused, no context
 #                              on the unused GPU, CUDA_VISIBLE_DEVICES reordered)
-#   nvidia_smi_apps.csv        per process and GPU memory, sampled every 0.5 s during the trainings
+#   nvidia_smi_apps.csv        per process and GPU memory, sampled every $MG_SMI_MS ms during the trainings
 #   records.tar.gz             junit XML, per-rank records and the logs' last 80 lines of
 #                              scripts/multigpu_train.py: nequip-train (enable_MlipAccel, Lightning DDP,
 #                              devices=2) and mlip-accel-mace-train --distributed under torchrun, each
-#                              against one GPU with the same global batch (the device tool returns few
-#                              files: everything else is in this one)
+#                              against one GPU with the same global batch, and the control: MACE's own
+#                              mace_run_train (--plain), 1 vs 2 GPUs; step 3 of each MACE rank under
+#                              torch.profiler (*_profile.txt) (the device tool returns few files:
+#                              everything else is in this one)
 #   multigpu_train.json, multigpu_train.md   losses per step vs one GPU, parameters across ranks, per-rank
 #                              step times, samples/s, peak memory, memory on the other GPU
 #   summary.txt                PASSED/FAILED per stage
@@ -77,7 +81,7 @@ if want tests; then
 fi
 
 if want nequip || want mace; then
-  nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv -lms 500 \
+  nvidia-smi --query-compute-apps=pid,process_name,gpu_uuid,used_memory --format=csv -lms "${MG_SMI_MS:-500}" \
     >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
   smi=$!
   if want nequip; then
@@ -86,9 +90,14 @@ if want nequip || want mace; then
     stage "nequip-train ddp (1 vs 2 GPUs)" $?
   fi
   if want mace; then
-    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps" \
+    # step 3 of every rank under torch.profiler ($WORK/mace_*_rank*_profile.txt, archived with the records)
+    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps" \
       >>"$WORK/records/train.log" 2>&1
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
+    # the control: MACE's own trainer, no mlip_accel (is the 2-GPU slowdown ours or MACE + DDP's?)
+    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --plain" \
+      >>"$WORK/records/train.log" 2>&1
+    stage "mace_run_train --distributed, plain MACE (1 vs 2 GPUs)" $?
   fi
   kill "$smi" 2>/dev/null
   py_nequip scripts/multigpu_train.py report "$WORK" --smi "$OUT/nvidia_smi_apps.csv" >"$WORK/records/report.log" 2>&1
@@ -98,7 +107,7 @@ if want nequip || want mace; then
 fi
 
 # one archive of the small records: junit, per-rank JSON, run times, the last lines of every log
-cp "$WORK"/*_rank*.json "$WORK"/*.wall "$WORK/records/" 2>/dev/null
+cp "$WORK"/*_rank*.json "$WORK"/*_profile.txt "$WORK"/*.wall "$WORK/records/" 2>/dev/null
 for f in "$WORK"/*.log; do [[ -f $f ]] && tail -80 "$f" >"$WORK/records/$(basename "$f").tail"; done
 tar -czf "$OUT/records.tar.gz" -C "$WORK" records 2>/dev/null
 for f in "$WORK"/*.log; do [[ -f $f ]] && { echo "== $f"; tail -3 "$f"; }; done

@@ -54,6 +54,7 @@ class Probe:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.start = time.perf_counter()
+        self.start_wall = time.time()  # when each rank entered the step: skew between ranks is time spent waiting
 
     def end(self, loss: float, parameters, num_samples: int):
         import hashlib
@@ -63,6 +64,7 @@ class Probe:
         seconds = time.perf_counter() - self.start
         flat = torch.cat([p.detach().reshape(-1).cpu() for p in parameters])
         record = {"step": len(self.steps), "loss": float(loss), "seconds": seconds, "samples": num_samples,
+                  "began_unix_s": self.start_wall,
                   "param_sha256": hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16],
                   "param_norm": float(flat.double().norm())}
         if torch.cuda.is_available():
@@ -76,6 +78,7 @@ class Probe:
 
     def write(self):
         info = {"rank": self.rank, "world_size": self.world_size, "steps": self.steps, "pid": os.getpid(),
+                "torch_threads": self.torch.get_num_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
         if self.torch.cuda.is_available():
             uuid = str(self.torch.cuda.get_device_properties(self.torch.cuda.current_device()).uuid)
@@ -204,8 +207,43 @@ def _mace_args(out: Path, devices: int, steps: int, device: str) -> list[str]:
     return args
 
 
+def _cpu_distributed(argv: list[str]) -> None:
+    """``--distributed --device cpu`` (the harness on a machine without GPUs): MACE opens a process group only
+    for cuda/xpu and gives DDP ``device_ids``, which a CPU module refuses; open gloo, drop ``device_ids``."""
+    import torch
+    from mace.cli import run_train
+
+    if "--distributed" not in argv or "cpu" not in argv[argv.index("--device") + 1:][:1]:
+        return
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+
+    class CpuDDP(torch.nn.parallel.DistributedDataParallel):
+        def __init__(self, module, device_ids=None, **kwargs):
+            super().__init__(module, **kwargs)
+
+    run_train.DDP = CpuDDP
+
+
+def _profiled(step_fn, path: Path):
+    """``step_fn`` under torch.profiler (CPU and, where present, CUDA); the op table written to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        result = step_fn()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    averages = prof.key_averages()
+    path.write_text(averages.table(sort_by=key, row_limit=30) + "\n\nby CPU time\n"
+                    + averages.table(sort_by="cpu_time_total", row_limit=30))
+    return result
+
+
 def mace_rank_main(out: str, tag: str, argv: list[str]) -> None:
-    """One rank (or the single process): the entry point's main, with the probe around MACE's take_step."""
+    """One rank (or the single process): the entry point's main (MACE's own ``run_train.run`` for a tag
+    ``mace_plain_*``, the control without mlip_accel), with the probe around MACE's take_step. The step
+    numbered ``$MG_PROFILE_STEP`` (if set) runs under torch.profiler: ``{tag}_rank{rank}_profile.txt``."""
     import importlib
 
     mace_train = importlib.import_module("mace.tools.train")  # the module (mace.tools.train is also a function)
@@ -213,19 +251,30 @@ def mace_rank_main(out: str, tag: str, argv: list[str]) -> None:
     from mlip_accel.integrations import mace_train as entry
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    _cpu_distributed(argv)
     probe = Probe(out, tag, rank, world)
     take_step = mace_train.take_step
+    profile_step = int(os.environ.get("MG_PROFILE_STEP", -1))
 
     def probed_take_step(*args, **kwargs):
         model = kwargs.get("model", args[0] if args else None)
         batch = kwargs.get("batch", args[2] if len(args) > 2 else None)
         probe.begin()
-        loss, loss_dict = take_step(*args, **kwargs)
+        if len(probe.steps) == profile_step:
+            loss, loss_dict = _profiled(lambda: take_step(*args, **kwargs),
+                                        Path(out) / f"{tag}_rank{rank}_profile.txt")
+        else:
+            loss, loss_dict = take_step(*args, **kwargs)
         probe.end(float(loss), model.parameters(), int(batch.num_graphs))
         return loss, loss_dict
 
     mace_train.take_step = probed_take_step
-    entry.main(argv)
+    if tag.startswith("mace_plain"):
+        from mace import tools
+        from mace.cli import run_train
+        run_train.run(tools.build_default_arg_parser().parse_args(argv))
+    else:
+        entry.main(argv)
 
 
 def _mace_data(out: Path, atoms_repeat: int) -> None:
@@ -241,12 +290,14 @@ def _mace_data(out: Path, atoms_repeat: int) -> None:
     write(str(out / "mace_valid.xyz"), frames[TRAIN:], format="extxyz")
 
 
-def run_mace(out: Path, devices: int, steps: int, device: str, atoms_repeat: int) -> int:
+def run_mace(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, plain: bool = False) -> int:
     if not (out / "mace_train.xyz").exists():
         _mace_data(out, atoms_repeat)
-    tag = f"mace_{devices}"
+    tag = f"mace_plain_{devices}" if plain else f"mace_{devices}"
     me = str(Path(__file__).resolve())
     argv = _mace_args(out, devices, steps, device)
+    if plain:
+        argv[argv.index("--work_dir") + 1] += "_plain"
     if devices > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={devices}", me,
                "mace-rank", str(out), tag, *argv]
@@ -308,6 +359,7 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
         timed = [st["seconds"] for st in steps[1:]] or [steps[0]["seconds"]]  # first step: compile, warm-up
         med = statistics.median(timed)
         return {"rank": rank, "device": steps[-1].get("device"), "median_step_s": med,
+                "step_seconds": [round(st["seconds"], 4) for st in steps],
                 "samples_per_step": steps[-1]["samples"], "samples_per_s": steps[-1]["samples"] / med,
                 "peak_mib": steps[-1].get("peak_bytes", 0) / 2**20,
                 "allocated_on_other_gpus": steps[-1].get("allocated_elsewhere")}
@@ -319,6 +371,11 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
                   params_identical_across_ranks_every_step=all(p["ranks_identical_params"] for p in per_step),
                   final_param_max_rel_diff_vs_single=param_diff,
                   single=rank_stats(s, 0), ranks=[rank_stats(r, k) for k, r in enumerate(ranks)])
+    # how far apart the ranks entered each step: a rank entering late makes the others wait in the all-reduce
+    # (their step time then holds the late rank's work between steps)
+    skews = [max(r[i].get("began_unix_s", 0) for r in ranks) - min(r[i].get("began_unix_s", 0) for r in ranks)
+             for i in range(1, n)]
+    result["median_entry_skew_s"] = statistics.median(skews) if skews else 0.0
     total = sum(r["samples_per_s"] for r in result["ranks"])
     result["throughput_ratio_same_global_batch"] = total / result["single"]["samples_per_s"]
     result["ok"] = (result["max_loss_rel_diff"] <= tol and result["params_identical_across_ranks_every_step"]
@@ -328,7 +385,7 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
 
 
 def report(out: Path, devices: int, tol: float, smi: Path | None = None) -> int:
-    results = {fw: compare(out, fw, devices, tol, smi) for fw in ("nequip", "mace")
+    results = {fw: compare(out, fw, devices, tol, smi) for fw in ("nequip", "mace", "mace_plain")
                if list(out.glob(f"{fw}_1_rank*.json")) or list(out.glob(f"{fw}_{devices}_rank*.json"))}
     (out / "multigpu_train.json").write_text(json.dumps(results, indent=1))
     lines = [f"# Data-parallel training, {devices} GPUs vs 1 (same global batch of {TRAIN} structures)", "",
@@ -367,9 +424,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3, help="fcc Cu cubic cell repeated n x n x n (4n^3 atoms)")
     parser.add_argument("--single-only", action="store_true")
+    parser.add_argument("--plain", action="store_true",
+                        help="mace: MACE's own trainer without mlip_accel (the control), records mace_plain_*")
     parser.add_argument("--tol", type=float, default=1e-4)
     parser.add_argument("--smi", type=Path, help="report: nvidia-smi --query-compute-apps CSV of the runs")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # the runs start in it (cwd=out): a relative path would not resolve there
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "report":
         return report(args.out, args.devices, args.tol, args.smi)
@@ -379,8 +439,9 @@ def main(argv=None) -> int:
             code = run_nequip(args.out, devices, args.accelerator, args.steps, args.repeat)
         else:
             code = run_mace(args.out, devices, args.steps, "cuda" if args.accelerator == "gpu" else "cpu",
-                            args.repeat)
-        print(f"{args.what} on {devices} device(s): exit {code} (log {args.out}/{args.what}_{devices}.log)")
+                            args.repeat, args.plain)
+        name = "mace_plain" if args.what == "mace" and args.plain else args.what
+        print(f"{args.what} on {devices} device(s): exit {code} (log {args.out}/{name}_{devices}.log)")
         rc = rc or code
     return rc
 

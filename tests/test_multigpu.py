@@ -433,3 +433,21 @@ def test_training_report_flags_each_fault(tmp_path, fault):
     assert result["ok"] is (fault is None), result
     assert script.report(tmp_path, 2, 1e-4, smi) == (0 if fault is None else 1)
     assert (tmp_path / "multigpu_train.md").read_text().count("| mace |") == 1
+
+
+def test_training_report_gives_each_steps_time_and_the_ranks_entry_skew(tmp_path):
+    """The report keeps every step's time per rank and how far apart the ranks entered each step (a rank
+    entering late makes the other wait in the all-reduce: that wait is in the other's step time)."""
+    script = _train_script()
+    _write_records(tmp_path, "mace_1", 1, [[1.0, 0.5, 0.4]], [["a", "b", "c"]])
+    _write_records(tmp_path, "mace_2", 2, [[1.0, 0.5, 0.4]] * 2, [["a", "b", "c"]] * 2)
+    for rank, late in ((0, 0.0), (1, 0.25)):
+        path = tmp_path / f"mace_2_rank{rank}.json"
+        record = json.loads(path.read_text())
+        for i, step in enumerate(record["steps"]):
+            step["began_unix_s"] = 1000.0 + i + (late if i else 0.0)  # step 0 (warm-up) is not counted
+        path.write_text(json.dumps(record))
+    result = script.compare(tmp_path, "mace", 2, 1e-4)
+    assert result["median_entry_skew_s"] == pytest.approx(0.25)
+    assert result["ranks"][1]["step_seconds"] == [0.1, 0.1, 0.1]
+    assert result["single"]["samples_per_s"] == pytest.approx(6 / 0.1)  # per rank: its own samples / its step
