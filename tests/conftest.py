@@ -17,18 +17,6 @@ def _gpu_skip_reason():
     return None
 
 
-@pytest.fixture(autouse=True)
-def _default_dtype_restored():
-    """Each test starts with the default dtype the previous one found: a framework import or a script run
-    in-process may set float64 globally (nequip does), and a later test's torch.full(...) would then silently
-    be float64 (test_launch_sequence's ordered-sum test read a float32 kernel's output as float64 garbage)."""
-    import torch
-
-    before = torch.get_default_dtype()
-    yield
-    torch.set_default_dtype(before)
-
-
 def pytest_collection_modifyitems(config, items):
     reason = _gpu_skip_reason()
     if reason is None:

@@ -171,6 +171,7 @@ def test_walk_launch_refuses_a_missing_required_argument():
 
     from mlip_accel.runtime.launch_plan import launch
     gm = generate(KernelSpec(random_uvu_problem(3), "float64", "forward", "det"))
+    z = torch.zeros(1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r"missing arguments \['order', 'keys', 'others', 'acc_out', 'fixup'\]"):
-        launch(gm, gm.walk_plan, {"x": torch.zeros(1), "y": torch.zeros(1), "w": torch.zeros(1), "keys": None,
+        launch(gm, gm.walk_plan, {"x": z, "y": z, "w": z, "keys": None,
                                   "num_edges": 4, "edges_per_warp": 32}, torch.device("cpu"))
