@@ -100,7 +100,7 @@ def test_column_gather_is_the_ir_mul_permutation(emulator):
 @emulated_only
 def test_ordered_sum_adds_in_phase_order(emulator):
     program = ordered_sum("float32")
-    parts = torch.randn(6, 5, 13, dtype=torch.float32) * torch.logspace(-3, 3, 6).reshape(6, 1, 1)
+    parts = torch.randn(6, 5, 13, dtype=torch.float32) * torch.logspace(-3, 3, 6, dtype=torch.float32).reshape(6, 1, 1)
     out = torch.full((5, 13), float("nan"), dtype=torch.float32)
     with use_executor(emulator):
         launch_plan.launch(program, program.plans[0], {"partials": parts, "out": out, "count": 65, "parts": 6},
