@@ -8,8 +8,8 @@ import zlib
 import pytest
 import torch
 
-from kernel_cases import (TOL, bench_problem, bench_problem_specs, double_backward_reference, graph, incoming_gradients,
-                          inputs, random_uvu_problem, rel_err)
+from kernel_cases import (GRAPH_SHAPES, TOL, bench_problem, bench_problem_specs, double_backward_reference, graph,
+                          incoming_gradients, inputs, random_uvu_problem, rel_err)
 from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.ops import backends
 from mlip_accel.problem import register_problem
@@ -72,13 +72,7 @@ def test_each_subset_of_incoming_gradients(given):
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
-@pytest.mark.parametrize("kind,num_nodes,num_edges", [
-    ("isolated", 300, 4000),  # a third of the nodes have no edge
-    ("hub", 200, 6000),  # node 0 has ~4800 neighbours: its row spans many warps
-    ("random", 40, 45),  # edge count not a multiple of 32
-    ("random", 10, 1),  # a single edge
-    ("random", 10, 0),  # no edges
-])
+@pytest.mark.parametrize("kind,num_nodes,num_edges", GRAPH_SHAPES)
 def test_graph_shapes(kind, num_nodes, num_edges, deterministic):
     spec = next((p for p in BENCH if p["name"] == "mace-medium"), None)
     problem = bench_problem(spec) if spec else random_uvu_problem(8)
