@@ -17,6 +17,26 @@ def _gpu_skip_reason():
     return None
 
 
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory):
+    """The CPU CUDA emulator (tests/cuda_emulator.py) that runs generated kernels without a GPU, one per module."""
+    import cuda_emulator
+
+    if not cuda_emulator.available():
+        pytest.skip("no C++ compiler (g++) for the CUDA emulator")
+    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu"))
+
+
+@pytest.fixture
+def emulated(emulator):
+    """The emulator installed as the executor, every fully-written output NaN-poisoned before launch."""
+    from mlip_accel.runtime import debug
+    from mlip_accel.runtime.executor import use_executor
+
+    with use_executor(emulator), debug.poison():
+        yield emulator
+
+
 def pytest_collection_modifyitems(config, items):
     reason = _gpu_skip_reason()
     if reason is None:

@@ -20,11 +20,6 @@ from mlip_accel.runtime.executor import use_executor
 pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu_loops"))
-
-
 @pytest.fixture
 def looped(emulator):
     with use_executor(emulator), debug.poison(), cuda.chunk_loops():

@@ -18,21 +18,8 @@ from mlip_accel import reference
 from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.problem import describe
 from mlip_accel.runtime import backend as cuda
-from mlip_accel.runtime import debug
-from mlip_accel.runtime.executor import use_executor
 
 pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu"))
-
-
-@pytest.fixture
-def emulated(emulator):
-    with use_executor(emulator), debug.poison():
-        yield emulator
 
 
 def _check(got, want, dtype, what):

@@ -21,22 +21,9 @@ from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.ops import backends
 from mlip_accel.problem import describe, register_problem
 from mlip_accel.runtime import backend as cuda
-from mlip_accel.runtime import debug
-from mlip_accel.runtime.executor import use_executor
 
 pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
 NAMES = ("grad x", "grad y", "grad w", "grad grad_z")
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu_double"))
-
-
-@pytest.fixture
-def emulated(emulator):
-    with use_executor(emulator), debug.poison():
-        yield emulator
 
 
 def check(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, given=(True, True, True)):

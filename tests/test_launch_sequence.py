@@ -35,11 +35,6 @@ VARIANTS = [(v, d, need) for v in ("tp", "det", "atomic") for d, need in
             (("forward", (True, True, True)), ("backward", (True, True, True)), ("backward", (False, True, False)))]
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu"))
-
-
 @pytest.mark.parametrize("variant,direction,need", VARIANTS)
 def test_every_sequence_survives_json_and_is_derived_from_the_plans_alone(variant, direction, need):
     gm = generate(KernelSpec(random_uvu_problem(3), "float32", direction, variant, need, budget=4))

@@ -185,22 +185,6 @@ def test_all_paths_weightless_zero_width_weight():
 
 # the same through the CUDA backend's generated kernels, run on the CPU by the emulator
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    cuda_emulator = pytest.importorskip("cuda_emulator")
-    if not cuda_emulator.available():
-        pytest.skip("no C++ compiler (g++) for the CUDA emulator")
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("emu"))
-
-
-@pytest.fixture
-def emulated(emulator):
-    from mlip_accel.runtime import debug
-    from mlip_accel.runtime.executor import use_executor
-    with use_executor(emulator), debug.poison():
-        yield emulator
-
-
 def _cuda_conv(conv, deterministic):
     """conv's op on CPU tensors with backend "cuda": the emulator runs the generated kernels."""
     def run(x, y, w, dst, src):

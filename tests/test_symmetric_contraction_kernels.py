@@ -15,25 +15,12 @@ from mlip_accel.codegen.symmetric_contraction import (  # noqa: E402
 from mlip_accel.ops import symmetric_contraction as ops  # noqa: E402
 from mlip_accel.problem import register_problem  # noqa: E402
 from mlip_accel.reference import symmetric_contraction as reference  # noqa: E402
-from mlip_accel.runtime import debug  # noqa: E402
 from mlip_accel.runtime import symmetric_contraction as runtime  # noqa: E402
-from mlip_accel.runtime.executor import use_executor  # noqa: E402
 from mlip_accel.runtime.launch_plan import launch  # noqa: E402
 
 pytestmark = [pytest.mark.mace,
               pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    return cuda_emulator.CpuEmulator(tmp_path_factory.mktemp("symcon_emu"))
-
-
-@pytest.fixture
-def emulated(emulator):
-    with use_executor(emulator), debug.poison():
-        yield emulator
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
