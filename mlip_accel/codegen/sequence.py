@@ -21,7 +21,6 @@ import json
 from .launch_plan import Argument, GridRule, LaunchPlan
 
 OPS = ("+", "*", "cdiv", "min", "max")
-DTYPES = {"float": "float32", "double": "float64", "long long": "int64"}  # C element type -> dtype
 
 
 def evaluate(expr, scalars: dict) -> int:
@@ -50,11 +49,6 @@ def evaluate(expr, scalars: dict) -> int:
     if op == "max":
         return max(vals)
     raise ValueError(f"unknown operator {op!r} (one of {OPS})")
-
-
-def dtype_of(arg: Argument) -> str:
-    """Element dtype of a pointer argument, from its C type."""
-    return DTYPES[arg.ctype.replace("const ", "").rstrip("*").strip()]
 
 
 def _tuple(expr):

@@ -23,7 +23,7 @@ import re
 from ..problem import irreps_str
 from .emit import Lines, template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
-from .sequence import Buffer, LaunchSequence, Program, Scalar, Step, Tensor, dtype_of
+from .sequence import Buffer, LaunchSequence, Program, Scalar, Step, Tensor
 
 FAMILY = "steps"
 GATHER_THREADS = 128
@@ -151,13 +151,13 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
         if a.role == "input":
             cols = _gathered_columns(a, columns)
             if cols is None:
-                tensors.append(Tensor(a.name, "input", dtype_of(a), shape, a.layout))
+                tensors.append(Tensor(a.name, "input", a.element_type, shape, a.layout))
                 bind[a.name] = a.name
             else:
-                tensors.append(Tensor(a.name, "input", dtype_of(a), shape, a.layout.replace("ir_mul", "mul_ir")))
+                tensors.append(Tensor(a.name, "input", a.element_type, shape, a.layout.replace("ir_mul", "mul_ir")))
                 gather = column_gather(cols, dtype)
                 programs.setdefault(gather.name, gather)
-                buffers.append(Buffer(f"{a.name}_ir_mul", dtype_of(a), shape))
+                buffers.append(Buffer(f"{a.name}_ir_mul", a.element_type, shape))
                 before.append(Step(gather.name, gather.plans[0], (("src", a.name), ("dst", f"{a.name}_ir_mul"),
                                                                   ("rows", shape[0])), reusable=True))
                 bind[a.name] = f"{a.name}_ir_mul"
@@ -165,18 +165,18 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
             if _gathered_columns(a, columns) is not None:
                 raise ValueError(f"{walk_plan.kernel}: output {a.name} is written in ir_mul columns; no step "
                                  "turns them back into e3nn's layout")
-            tensors.append(Tensor(a.name, "output", dtype_of(a), shape, a.layout))
+            tensors.append(Tensor(a.name, "output", a.element_type, shape, a.layout))
             bind[a.name] = a.name
         elif fixup_plan is not None and a.name in {b.name for b in fixup_plan.arguments}:
-            buffers.append(Buffer(a.name, dtype_of(a), shape))
+            buffers.append(Buffer(a.name, a.element_type, shape))
             bind[a.name] = a.name
         else:  # per-phase partials of the output of this name
             parts, rest = shape[0], shape[1:]
             if not isinstance(parts, int):
                 raise ValueError(f"{walk_plan.kernel}: scratch {a.name} {a.layout!r} is not [phases, ...] partials")
-            buffers.append(Buffer(f"{a.name}_partials", dtype_of(a), shape))
+            buffers.append(Buffer(f"{a.name}_partials", a.element_type, shape))
             dims, columns_layout = _layout(a)
-            tensors.append(Tensor(a.name, "output", dtype_of(a), rest, f"[{', '.join(dims[1:])}] {columns_layout}"))
+            tensors.append(Tensor(a.name, "output", a.element_type, rest, f"[{', '.join(dims[1:])}] {columns_layout}"))
             total = ordered_sum(dtype)
             programs.setdefault(total.name, total)
             after.append(Step(total.name, total.plans[0], (("partials", f"{a.name}_partials"), ("out", a.name),

@@ -24,7 +24,8 @@ def written(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
-_ELEMENT_TYPES = {torch.float32: "float32", torch.float64: "float64", torch.int64: "int64"}
+TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}  # a plan's element types
+_ELEMENT_TYPES = {dt: name for name, dt in TORCH_DTYPES.items()}
 
 
 def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:

@@ -17,9 +17,8 @@ import torch
 
 from ..codegen.sequence import LaunchSequence, evaluate
 from .executor import executor_for
-from .launch_plan import launch, written
+from .launch_plan import TORCH_DTYPES, launch, written
 
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}
 # reusable step key -> (its input tensors, kept so their ids are not reused; its outputs) inside
 # once_per_tensor(); None outside
 _DONE: contextvars.ContextVar[dict | None] = contextvars.ContextVar("mlip_accel_reused_steps", default=None)
