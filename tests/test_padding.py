@@ -151,6 +151,30 @@ def test_edge_capacity_grows_geometrically_and_never_shrinks():
             EdgeCapacity(**bad)
 
 
+def test_edge_capacity_is_kept_per_group():
+    """A small structure after a large one keeps its own capacity (the evaluator groups by atom count)."""
+    cap = EdgeCapacity(headroom=1.1, growth=1.5)
+    assert cap.fit(1000, group=256) == 1100
+    assert cap.fit(100, group=32) == 110 and cap.capacity == 110
+    assert cap.fit(1000, group=256) == 1100 and cap.fit(100, group=32) == 110 and cap.grown == 0
+    assert cap.fit(120, group=32) == 165 and cap.grown == 1 and cap.fit(900, group=256) == 1100
+
+
+@pytest.mark.nequip
+def test_calculator_pads_each_atom_count_to_its_own_capacity():
+    import nequip_fixtures as F
+
+    calc = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", backend="reference",
+                                            pad_edges=True)
+    small, large = (bulk("Cu", "fcc", a=3.7, cubic=True).repeat((n, n, n)) for n in (1, 2))
+    capacities = []
+    for atoms in (small, large, small):
+        atoms.calc = calc
+        atoms.get_potential_energy()
+        capacities.append(calc.edge_capacity)
+    assert capacities[0] == capacities[2] < capacities[1]
+
+
 @pytest.mark.nequip
 def test_calculator_capacity_grows_with_the_edge_count():
     import nequip_fixtures as F

@@ -414,7 +414,7 @@ class StepEvaluator:
         if not self.pad_edges:
             self.edge_capacity = neighbors.num_edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
-        capacity = self.capacity.fit(neighbors.num_edges)
+        capacity = self.capacity.fit(neighbors.num_edges, group=positions.shape[0])  # per atom count
         if self.graphs is not None and self._pad_for_graphs_only and not self.graphs.fits(capacity):
             self.edge_capacity = neighbors.num_edges  # too large for a graph: eager on the real edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)

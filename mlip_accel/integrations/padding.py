@@ -89,7 +89,11 @@ class PaddingTail:
 class EdgeCapacity:
     """Edge capacity for padded neighbour lists: ``headroom`` over the first edge count, grown geometrically
     (by ``growth``, at least to ``headroom`` over the new count) when a step exceeds it; never shrinks, so
-    that an MD run settles on a few capacities (each a CUDA graph capture) instead of one per step."""
+    that an MD run settles on a few capacities (each a CUDA graph capture) instead of one per step.
+
+    Capacities are kept per ``group`` (the atom count, for the evaluator): a calculator that goes from a
+    256-atom structure back to a 32-atom one pads the small one to its own capacity, not to the large one's
+    (which would cost the padding's work and a capture of a graph the small structure does not need)."""
 
     def __init__(self, headroom: float = 1.1, growth: float = 1.25):
         if not headroom >= 1.0:
@@ -97,19 +101,22 @@ class EdgeCapacity:
         if not growth > 1.0:
             raise ValueError(f"growth must be > 1, got {growth!r}")
         self.headroom, self.growth = float(headroom), float(growth)
-        self.capacity = 0
-        self.grown = 0  # how often the capacity grew after the first call (diagnostics, tests)
+        self._capacities: dict = {}  # group -> capacity
+        self.capacity = 0  # the capacity returned last (diagnostics)
+        self.grown = 0  # how often a group's capacity grew after its first call (diagnostics, tests)
 
-    def fit(self, num_edges: int) -> int:
-        """The capacity for a list of ``num_edges`` edges (growing it when needed)."""
-        if num_edges > self.capacity:
+    def fit(self, num_edges: int, group=None) -> int:
+        """The capacity for a list of ``num_edges`` edges in ``group`` (growing that group's when needed)."""
+        capacity = self._capacities.get(group, 0)
+        if num_edges > capacity:
             # - 1e-9: 3000 * 1.1 is 3300.0000000000005, which must not round up to 3301
             wanted = max(num_edges, math.ceil(num_edges * self.headroom - 1e-9))
-            if self.capacity > 0:
-                wanted = max(wanted, math.ceil(self.capacity * self.growth))
+            if capacity > 0:
+                wanted = max(wanted, math.ceil(capacity * self.growth))
                 self.grown += 1
-            self.capacity = int(wanted)
-        return self.capacity
+            capacity = self._capacities[group] = int(wanted)
+        self.capacity = capacity
+        return capacity
 
 
 __all__ = ["EdgeCapacity", "PaddingTail", "pad_neighbors", "padding_cell"]
