@@ -69,8 +69,10 @@ def test_default_auto_max_edges_is_the_smallest_break_even():
     evens = [CG.break_even_edges(*anchor[1:]) for anchor in CG._BREAK_EVEN_ANCHORS]
     assert CG.DEFAULT_AUTO_MAX_EDGES <= min(evens) < CG.DEFAULT_AUTO_MAX_EDGES + 10_000
     assert 150_000 < CG.DEFAULT_AUTO_MAX_EDGES < CG.DEFAULT_MAX_GRAPH_EDGES
-    # the break-even of a straight line through the anchors: the replay there costs the eager host time
-    assert abs(CG.break_even_edges(10.0, 1.0, 6.0, 0, 1000) - 1800.0) < 1e-9
+    # where the gain (eager - graphed), a straight line through the anchors, reaches zero; times the headroom
+    assert abs(CG.break_even_edges((0, 10.0, 1.0), (1000, 10.0, 6.0), headroom=1.0) - 1800.0) < 1e-9
+    assert abs(CG.break_even_edges((0, 10.0, 1.0), (1000, 10.0, 6.0)) - 1980.0) < 1e-9
+    assert CG.break_even_edges((0, 10.0, 1.0), (1000, 20.0, 6.0)) == float("inf")  # the gain grows
 
 
 class _RecordingCache(CG.GraphCache):

@@ -36,6 +36,7 @@ says why.
 from __future__ import annotations
 
 import collections
+import math
 import dataclasses
 import warnings
 
@@ -50,30 +51,31 @@ WARMUP_CALLS = 2  # eager calls on a side stream before a capture: lazy initiali
 DEFAULT_MAX_GRAPHS = 8
 DEFAULT_MAX_GRAPH_EDGES = 4_000_000  # cuda_graphs=True: beyond this a padded list runs eagerly (graph memory)
 
-# Where a graph stops helping. The eager step costs max(host time, GPU time): its host time H (a few hundred
-# launches from Python) does not depend on the system size, its GPU time grows with the edges. A replay costs
-# the GPU time of the padded list, G(E) = G0 + g E. Graphs gain while G(capacity) < H; beyond the break-even
-# E* = (H - G0) / g the eager step is GPU-bound and a graph would only add the padding's extra edges (up to
-# the 10 % headroom). Measured anchors, fp32 (H: the host-bound eager step at 32 atoms; G at the 32-atom
-# cluster, 818 edges, and at 1000 diamond-carbon atoms, 158,000 edges at 6 A):
-#   (machine and model, H ms, G(818) ms, G(158000) ms)
+# Where a graph stops helping. The eager step costs max(host time, GPU time): its host time (a few hundred
+# launches from Python) hardly depends on the system size, its GPU time grows with the edges. A replay costs the
+# GPU time of the padded list alone. The gain (eager - graphed) therefore shrinks with the edges; beyond the
+# size where it reaches zero a graph only adds the padding's extra edges (up to the 10 % headroom). Measured
+# anchors, fp32, the same run (scripts/bench_md_sweep.py, benchmarks/bench_md_sweep.md): real edges, eager ms,
+# graphed ms (padded list) at 1000 and 2744 atoms of diamond carbon at a 6 A cutoff. (The H200 anchors of
+# issue 13, taken before the symmetric-contraction kernels halved MACE's GPU time, put the break-even at 2.2e5.)
 _BREAK_EVEN_ANCHORS = (
-    ("H200 MACE-MP-0-medium size, issue 13", 22.2, 2.29, 16.3),  # E* = 2.24e5
-    ("H200 NequIP OAM-L size, issue 13", 56.6, 4.07, 26.4),  # E* = 3.70e5
-    ("H100 MACE-MP-0-medium size, benchmarks/cuda_graphs_notes.md", 30.8, 2.82, 20.0),  # E* = 2.57e5
-    ("H100 NequIP OAM-L size, benchmarks/cuda_graphs_notes.md", 70.8, 5.93, 33.3),  # E* = 3.73e5
+    ("H100 MACE-MP-0-medium size, 2026-11-23", (158_000, 35.85, 10.69), (433_552, 39.91, 25.75)),  # 8.7e5
+    ("H100 NequIP OAM-L size, 2026-11-23", (158_000, 73.11, 31.26), (433_552, 90.56, 77.18)),  # 6.2e5
 )
 
 
-def break_even_edges(host_ms: float, graph_ms_small: float, graph_ms_large: float, edges_small: int = 818,
-                     edges_large: int = 158_000) -> float:
-    """Padded edge count where a replay (linear in the edges through the two anchors) costs the eager host time."""
-    per_edge = (graph_ms_large - graph_ms_small) / (edges_large - edges_small)
-    return edges_small + (host_ms - graph_ms_small) / per_edge
+def break_even_edges(small, large, headroom: float = 1.1) -> float:
+    """Padded edge count where the graphed step costs what the eager step does: the gain (eager - graphed) on
+    a straight line through the two anchors ``(real edges, eager ms, graphed ms)``, times the headroom."""
+    (e_small, eager_small, graph_small), (e_large, eager_large, graph_large) = small, large
+    gain_small, gain_large = eager_small - graph_small, eager_large - graph_large
+    if gain_large >= gain_small:  # the gain does not shrink: no break-even in sight of these anchors
+        return math.inf
+    return (e_small + gain_small * (e_large - e_small) / (gain_small - gain_large)) * headroom
 
 
-# the smallest break-even of the anchors (MACE on an H200), rounded down to 10,000: 220,000 padded edges,
-# about 1400 atoms of diamond carbon at a 6 A cutoff. Below it every anchor gains from graphs.
+# the smallest break-even of the anchors (NequIP on an H100), rounded down to 10,000: 610,000 padded edges,
+# about 3500 atoms of diamond carbon at a 6 A cutoff. Below it every anchor gains from graphs.
 DEFAULT_AUTO_MAX_EDGES = int(min(break_even_edges(*a[1:]) for a in _BREAK_EVEN_ANCHORS) // 10_000 * 10_000)
 
 
