@@ -51,7 +51,7 @@ stage "sanitizer case (plain run)" "${PIPESTATUS[0]}"
 for tool in memcheck racecheck; do
   if command -v compute-sanitizer >/dev/null; then
     # without PyTorch's caching allocator every tensor is its own allocation: memcheck sees overruns
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 60 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout ${SANITIZER_TIMEOUT:-150} compute-sanitizer --tool "$tool" --error-exitcode 3 \
       python3 scripts/sanitizer_case.py --only double 2>&1 | tee -a "$OUT/sanitizer.log" | tail -5
     stage "$tool" "${PIPESTATUS[0]}"
   else
