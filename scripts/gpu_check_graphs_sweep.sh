@@ -49,7 +49,7 @@ fi
 
 if want cli; then
   : >"$OUT/md_cli.log"
-  for flags in "--cuda-graphs" "--no-cuda-graphs" "--cuda-graphs --neighbor-skin 0.5"; do
+  for flags in "--cuda-graphs --neighbor-skin 0" "--no-cuda-graphs" "--cuda-graphs" "--cuda-graphs --neighbor-skin 0.5"; do
     echo "### mlip-accel md $flags" >>"$OUT/md_cli.log"
     timeout 60 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 300 --output none --quiet $flags" \
       >>"$OUT/md_cli.log" 2>&1

@@ -69,3 +69,14 @@ def random_inputs(tp, num_nodes: int, num_edges: int, dtype, device="cpu", requi
 def e3nn_conv(tp, x, y, w, dst, src):
     return torch.zeros(x.shape[0], tp.irreps_out.dim, dtype=x.dtype, device=x.device).index_add(
         0, dst, tp(x[src], y, w))
+
+
+def default_model_calculator(dtype="float64", **kwargs):
+    """The embedded default model's AcceleratedCalculator on the GPU (CUDA backend). No neighbour-list skin
+    unless asked: the graph tests count lists, captures and host operations of a list built every call."""
+    from mlip_accel.integrations import default_model
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+
+    kwargs.setdefault("neighbor_skin", 0.0)
+    return AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cuda", dtype=dtype, backend="cuda",
+                                           **kwargs)

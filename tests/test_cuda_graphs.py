@@ -18,6 +18,7 @@ pytest.importorskip("vesin")
 
 from ase.build import bulk  # noqa: E402
 
+from helpers import default_model_calculator  # noqa: E402
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.cuda_graphs import StepEvaluator  # noqa: E402
 from mlip_accel.integrations.padding import EdgeCapacity  # noqa: E402
@@ -33,11 +34,6 @@ def report(**values):
             f.write(json.dumps(values) + "\n")
 
 
-def default_calc(dtype="float64", **kwargs):
-    from mlip_accel.integrations import default_model
-
-    return AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cuda", dtype=dtype, backend="cuda",
-                                           **kwargs)
 
 
 def rel(a, b) -> float:
@@ -61,7 +57,7 @@ def crystal(repeat=3, rattle=0.1, seed=0, a=3.61):
 @pytest.mark.nequip
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_graphed_step_equals_eager_step_on_the_same_padded_input(dtype):
-    calc = default_calc(dtype)
+    calc = default_model_calculator(dtype)
     atoms = crystal()
     args = tensors(calc, atoms)
     graphed = StepEvaluator(calc.potential, cuda_graphs=True)
@@ -98,9 +94,9 @@ def test_md_trajectory_graphed_equals_eager_across_capacity_growth(dtype):
     the 4.5 A cutoff): the edge count climbs from 4608 to ~7300 (CPU probe), so with no headroom and 5 %
     growth the capacity is exceeded (a new capture) about ten times, more than the 8 graphs kept."""
     atoms = crystal(repeat=4, rattle=0.0, a=3.70)
-    graphed = default_calc(dtype, cuda_graphs=True)
+    graphed = default_model_calculator(dtype, cuda_graphs=True)
     graphed.evaluator.capacity = EdgeCapacity(headroom=1.0, growth=1.05)
-    eager = default_calc(dtype, cuda_graphs=False, pad_edges=False)
+    eager = default_model_calculator(dtype, cuda_graphs=False, pad_edges=False)
     res_g, end_g = _md(graphed, atoms, 300)
     res_e, end_e = _md(eager, atoms, 300)
     graphs = graphed.evaluator.graphs
@@ -122,8 +118,8 @@ def test_md_trajectory_graphed_equals_eager_across_capacity_growth(dtype):
 
 @pytest.mark.nequip
 def test_recapture_on_atom_count_and_parameter_changes():
-    calc = default_calc("float64", cuda_graphs=True)
-    eager = default_calc("float64", cuda_graphs=False)
+    calc = default_model_calculator("float64", cuda_graphs=True)
+    eager = default_model_calculator("float64", cuda_graphs=False)
     for repeat in (2, 3, 2, 2):
         atoms = crystal(repeat)
         got, want = tensors(calc, atoms), tensors(eager, atoms)
@@ -144,7 +140,7 @@ def test_recapture_on_atom_count_and_parameter_changes():
 
 @pytest.mark.nequip
 def test_call_from_a_non_default_stream():
-    calc = default_calc("float64", cuda_graphs=True)
+    calc = default_model_calculator("float64", cuda_graphs=True)
     atoms = crystal()
     want = calc.evaluator(*tensors(calc, atoms))
     stream = torch.cuda.Stream()
@@ -158,7 +154,7 @@ def test_call_from_a_non_default_stream():
 
 @pytest.mark.nequip
 def test_failed_capture_runs_eagerly_after_one_warning(monkeypatch):
-    calc = default_calc("float64", cuda_graphs=True)
+    calc = default_model_calculator("float64", cuda_graphs=True)
     compute = calc.potential.compute
 
     def syncing_compute(*args, **kwargs):
@@ -168,7 +164,7 @@ def test_failed_capture_runs_eagerly_after_one_warning(monkeypatch):
         return out
 
     monkeypatch.setattr(calc.potential, "compute", syncing_compute)
-    eager = default_calc("float64", cuda_graphs=False)
+    eager = default_model_calculator("float64", cuda_graphs=False)
     atoms = crystal()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -184,7 +180,7 @@ def test_failed_capture_runs_eagerly_after_one_warning(monkeypatch):
 
 @pytest.mark.nequip
 def test_graph_cache_is_bounded_and_released():
-    calc = default_calc("float32", cuda_graphs=True)
+    calc = default_model_calculator("float32", cuda_graphs=True)
     calc.evaluator.graphs.max_graphs = 2
     for repeat in (2, 3, 4):
         calc.evaluator(*tensors(calc, crystal(repeat)))
@@ -199,7 +195,8 @@ def test_mace_graphed_step_with_stress():
     import mace_fixtures as M
 
     model = M.tiny_model(first_block="RealAgnosticInteractionBlock")
-    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cuda", backend="cuda", cuda_graphs=True)
+    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cuda", backend="cuda", cuda_graphs=True,
+                                               neighbor_skin=0.0)
     eager = AcceleratedCalculator.from_model(model, device="cuda", backend="cuda", cuda_graphs=False)
     for atoms in M.emt_structures(3):
         a, b = atoms.copy(), atoms.copy()

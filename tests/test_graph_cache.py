@@ -24,6 +24,7 @@ pytest.importorskip("ase")
 pytest.importorskip("vesin")
 
 from mlip_accel.integrations import cuda_graphs as CG  # noqa: E402
+from helpers import default_model_calculator  # noqa: E402
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.errors import InputError  # noqa: E402
 from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
@@ -328,6 +329,44 @@ def test_neighbor_list_skin_reuse_and_rebuild():
             NeighborList(4.0, skin=bad)
 
 
+def test_neighbor_list_auto_skin_for_small_systems_only(monkeypatch):
+    from ase.build import bulk
+
+    import mlip_accel.integrations.neighbors as N
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    args = (atoms.positions, atoms.cell.array, atoms.pbc)
+    nl = NeighborList(4.0, skin="auto")
+    first = nl(*args)  # the first list has no skin; a small system turns it on for the next build
+    assert nl.auto and nl.builds == 1 and nl.skin == N.AUTO_SKIN
+    plain = NeighborList(4.0)(*args)
+    pairs = lambda n: {tuple(r) for r in torch.stack([n.receivers, n.senders], 1).tolist()}  # noqa: E731
+    assert pairs(first) == pairs(plain)
+    second = nl(*args)
+    assert nl.builds == 2 and second.num_edges > first.num_edges  # built within 4.0 + 0.5
+    assert nl(*args) is second and nl.builds == 2  # reused
+    monkeypatch.setattr(N, "AUTO_SKIN_MAX_EDGES", first.num_edges - 1)  # the same system counts as large now
+    moved = atoms.positions.copy()
+    moved[0] += [0.3, 0.0, 0.0]  # > skin / 2: rebuilt, and the skin turned off for the next build
+    nl(moved, atoms.cell.array, atoms.pbc)
+    assert nl.builds == 3 and nl.skin == 0.0
+    nl(moved, atoms.cell.array, atoms.pbc)
+    assert nl.builds == 4  # no skin: a new list every call
+    with pytest.raises(InputError, match="skin"):
+        NeighborList(4.0, skin="big")
+
+
+@pytest.mark.nequip
+def test_calculator_auto_skin_only_with_cuda_graphs():
+    import nequip_fixtures as F
+
+    calc = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", backend="reference")
+    assert not calc.cuda_graphs and not calc.neighbor_list.auto and calc.neighbor_list.skin == 0.0
+    calc = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", backend="reference",
+                                            neighbor_skin=0.4)
+    assert calc.neighbor_list.skin == 0.4
+
+
 def _md_with_and_without_skin(make_model, atoms, skin: float, steps: int = 10, pad_edges: bool = False):
     """Velocity-Verlet driven by the skin-free calculator; at every step both calculators evaluate the same
     positions. Returns the largest relative differences and the skin calculator."""
@@ -411,11 +450,6 @@ def test_mace_cutoff_envelope_is_exactly_zero_beyond_r_max():
 
 # ------------------------------------------------------------------------------------ GPU
 
-def _default_calc(dtype="float64", **kwargs):
-    from mlip_accel.integrations import default_model
-
-    return AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cuda", dtype=dtype, backend="cuda",
-                                           **kwargs)
 
 
 def _crystal(repeat, a=3.61, rattle=0.1, seed=0):
@@ -438,7 +472,7 @@ def _device_inputs(calc, atoms):
 def test_graphs_share_one_memory_pool():
     """Three captures (32, 108, 256 atoms) into one shared pool reserve less GPU memory than three private
     pools, give the eager results, and replay correctly in any order."""
-    calc = _default_calc("float32")
+    calc = default_model_calculator("float32")
     inputs = [_device_inputs(calc, _crystal(r)) for r in (2, 3, 4)]
     eager = CG.StepEvaluator(calc.potential, cuda_graphs=False)
     wants = [eager(*args) for args in inputs]  # also the lazy initialisation, before anything is measured
@@ -481,7 +515,7 @@ def test_graphs_share_one_memory_pool():
 @pytest.mark.gpu
 @pytest.mark.nequip
 def test_auto_graphs_switch_off_above_the_limit_on_the_gpu():
-    calc = _default_calc("float64")
+    calc = default_model_calculator("float64")
     args = _device_inputs(calc, _crystal(3))
     auto = CG.StepEvaluator(calc.potential, max_graph_edges=args[-1].num_edges)  # "auto": capacity is above
     eager = CG.StepEvaluator(calc.potential, cuda_graphs=False)
@@ -493,7 +527,7 @@ def test_auto_graphs_switch_off_above_the_limit_on_the_gpu():
 @pytest.mark.gpu
 @pytest.mark.nequip
 def test_graphed_ase_call_host_operations():
-    calc = _default_calc("float32")
+    calc = default_model_calculator("float32")
     atoms = _crystal(4)
     atoms.calc = calc
     atoms.get_forces()
@@ -518,7 +552,7 @@ def test_graphed_md_with_a_skin_follows_the_skin_free_run():
 
     results = {}
     for skin in (0.0, 0.5):
-        calc = _default_calc("float64", neighbor_skin=skin)
+        calc = default_model_calculator("float64", neighbor_skin=skin)
         atoms = _crystal(4, rattle=0.0, a=3.70)
         atoms.calc = calc
         initial_velocities(atoms, 1500.0, 0)

@@ -125,6 +125,15 @@ def test_neighbor_skin_run(capsys, tmp_path):
     assert 1 <= builds < 5
 
 
+def test_neighbor_skin_auto_parses_and_defaults():
+    from mlip_accel.integrations.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["md"]).neighbor_skin == "auto"
+    assert parser.parse_args(["md", "--neighbor-skin", "auto"]).neighbor_skin == "auto"
+    assert parser.parse_args(["md", "--neighbor-skin", "0"]).neighbor_skin == 0.0
+
+
 # -------------------------------------------------------------------------------------- bad inputs
 
 @pytest.fixture

@@ -90,6 +90,10 @@ def non_negative_float(text):
     return value
 
 
+def skin_length(text):
+    return "auto" if text == "auto" else non_negative_float(text)
+
+
 def threads(text):
     return "auto" if text == "auto" else positive_int(text)
 
@@ -124,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     md.add_argument("--head", default=None, help="head of a multi-head MACE model (refused for NequIP models)")
     md.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                     help="replay each step's model evaluation as a CUDA graph (default: on for CUDA devices)")
-    md.add_argument("--neighbor-skin", type=non_negative_float, default=0.0, metavar="A",
+    md.add_argument("--neighbor-skin", type=skin_length, default="auto", metavar="A",
                     help="build the neighbour list within the cutoff + A and reuse it until an atom has moved "
-                         "A/2 (exact: the extra edges contribute zero; default 0, a new list every step)")
+                         "A/2 (exact: the extra edges contribute zero); 0: a new list every step; default auto: "
+                         "0.5 with CUDA graphs on systems up to 100,000 edges, else 0")
     md.add_argument("--compare", action="store_true",
                     help="also run the unaccelerated (e3nn) model for the same steps: speedup and force difference "
                          "(that run writes no trajectory)")
@@ -523,8 +528,9 @@ def _summary(result, calc, args, out, session: _Session) -> None:
             state = f"off above {graphs.max_graph_edges} edges ({graphs.eager_large} eager steps)"
         print(f"  graphs  : {state}; edge capacity {calc.edge_capacity}, {graphs.captures} captures, "
               f"{graphs.replays} replays, {graphs.nbytes / 2**20:.0f} MiB held", file=out)
-    if calc.neighbor_list.skin > 0:
-        print(f"  nlist   : skin {calc.neighbor_list.skin:g} A, {calc.neighbor_list.builds} lists built "
+    if calc.neighbor_list.skin > 0 or calc.neighbor_list.auto:
+        skin = f"skin {'auto, now ' if calc.neighbor_list.auto else ''}{calc.neighbor_list.skin:g} A"
+        print(f"  nlist   : {skin}, {calc.neighbor_list.builds} lists built "
               f"for {result.steps + 1} evaluations", file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)

@@ -49,65 +49,97 @@ def same_pairs(a: Neighbors, b: Neighbors) -> bool:
     return bool(np.array_equal(rows(a), rows(b)))
 
 
+# skin="auto" (the calculator's default with CUDA graphs): a 0.5 A skin while the system's list within the
+# cutoff has at most AUTO_SKIN_MAX_EDGES edges. There the step is bound by the host, and a list built every
+# ~10-20 steps instead of every step pays (H100, full ASE call, one run, benchmarks/bench_md_sweep.md: 32-216
+# atoms 1.3-1.45x MACE and 1.15-1.3x NequIP; `mlip-accel md` on the default model 413 vs 238 steps/s). Beyond
+# it the ~27 % more edges within cutoff + skin cost more GPU time than the rebuilds save (1000 atoms, 158,000
+# edges: MACE 0.94x, NequIP 1.06x slower; 8000 atoms: 1.1x slower).
+AUTO_SKIN = 0.5
+AUTO_SKIN_MAX_EDGES = 100_000
+
+
+def _skin_length(skin) -> float:
+    try:
+        value = float(skin)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (value >= 0 and np.isfinite(value)):
+        raise InputError(f"the neighbour-list skin must be 'auto' or a finite length >= 0 (A), got {skin!r}")
+    return value
+
+
 class NeighborList:
     """Full neighbour list within ``cutoff`` (Å), recomputed every call (MD moves the atoms every step), or
-    with a ``skin`` (Å, opt-in): built within ``cutoff + skin`` and reused until some atom has moved more
+    with a ``skin`` (Å): built within ``cutoff + skin`` and reused until some atom has moved more
     than ``skin / 2`` since the build (or the cell, the periodicity or the atom count changed). Every pair
     within ``cutoff`` then is in the list (two atoms that each moved less than skin/2 came closer by less than
     skin); the extra edges between ``cutoff`` and ``cutoff + skin`` contribute exact zeros to NequIP and MACE
     models, whose cutoff envelopes are masked to 0 beyond r_max (``x < r_max``), so results are those of the
     skin-free list. ``builds`` counts the lists built.
 
+    ``skin="auto"``: each build chooses (``skin`` is the next build's): the first list is built without a
+    skin, and later ones with :data:`AUTO_SKIN` while the last list held at most :data:`AUTO_SKIN_MAX_EDGES`
+    edges within the cutoff (small systems, where rebuilding every step costs more than the extra edges).
+
     ``device``: where the model runs. On CUDA the list is built on the GPU when vesin's CUDA code works
     in this process (tried once; on failure it warns and stays on the CPU) and the edges never cross PCIe.
     """
 
-    def __init__(self, cutoff: float, device: torch.device | str = "cpu", skin: float = 0.0):
-        import vesin
-
+    def __init__(self, cutoff: float, device: torch.device | str = "cpu", skin: float | str = 0.0):
         if not cutoff > 0:
             raise ValueError(f"cutoff must be positive, got {cutoff!r}")
-        if not (skin >= 0 and np.isfinite(skin)):
-            raise InputError(f"the neighbour-list skin must be a finite length >= 0 (A), got {skin!r}")
+        self.auto = isinstance(skin, str) and skin == "auto"
+        self.skin = 0.0 if self.auto else _skin_length(skin)  # the skin of the next build
         self.cutoff = float(cutoff)
-        self.skin = float(skin)
-        list_cutoff = self.cutoff + self.skin
         self.device = torch.device(device)
-        self._cpu = vesin.NeighborList(cutoff=list_cutoff, full_list=True, sorted=True)
-        self._gpu = vesin.NeighborList(cutoff=list_cutoff, full_list=True) if self.device.type == "cuda" else None
-        self.on_gpu = self._gpu is not None
+        self._vesin = {}  # list cutoff -> (CPU list, GPU list or None)
+        self._current = self._lists(self.cutoff + self.skin)  # vesin imported now, not at the first call
+        self.on_gpu = self.device.type == "cuda"
         self._gpu_checked = False
         self.builds = 0
-        self._built = None  # skin > 0: (positions, cell, pbc, Neighbors) of the last build
+        self._built = None  # skin > 0: (positions, cell, pbc, Neighbors, skin) of the last build
+
+    def _lists(self, list_cutoff: float):
+        if list_cutoff not in self._vesin:
+            import vesin
+
+            self._vesin[list_cutoff] = (
+                vesin.NeighborList(cutoff=list_cutoff, full_list=True, sorted=True),
+                vesin.NeighborList(cutoff=list_cutoff, full_list=True) if self.device.type == "cuda" else None)
+        return self._vesin[list_cutoff]
 
     def reusable(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> bool:
         """Whether the last list still holds every pair within the cutoff (see the class docstring)."""
         if self._built is None:
             return False
-        old_positions, old_cell, old_pbc, _ = self._built
+        old_positions, old_cell, old_pbc, _, skin = self._built
         if old_positions.shape != positions.shape or not (np.array_equal(old_cell, cell)
                                                           and np.array_equal(old_pbc, pbc)):
             return False
         moved = np.einsum("ij,ij->i", positions - old_positions, positions - old_positions)
         # strict: a pair at exactly cutoff + skin at the build is outside the list
-        return bool(moved.size == 0 or moved.max() < (self.skin / 2) ** 2)
+        return bool(moved.size == 0 or moved.max() < (skin / 2) ** 2)
 
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
         positions = np.ascontiguousarray(positions, dtype=np.float64)
         cell = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
         pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
-        if self.skin > 0:
-            if self.reusable(positions, cell, pbc):
-                return self._built[3]
-            check_cell(cell, pbc)
-            neighbors = self._build(positions, cell, pbc)
-            self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors)
-            return neighbors
+        if self.skin > 0 and self.reusable(positions, cell, pbc):
+            return self._built[3]
         check_cell(cell, pbc)
-        return self._build(positions, cell, pbc)
+        skin = self.skin
+        neighbors = self._build(positions, cell, pbc, skin)
+        self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors, skin) if skin > 0 else None
+        if self.auto:
+            # edges within the cutoff, estimated from a list within cutoff + skin by the volume ratio
+            within = neighbors.num_edges * (self.cutoff / (self.cutoff + skin)) ** 3
+            self.skin = AUTO_SKIN if within <= AUTO_SKIN_MAX_EDGES else 0.0
+        return neighbors
 
-    def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> Neighbors:
+    def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0) -> Neighbors:
         self.builds += 1
+        self._current = self._lists(self.cutoff + skin)  # the (CPU, GPU) vesin lists the computes use
         if self.on_gpu:
             try:
                 gpu = self._compute_gpu(positions, cell, pbc)
@@ -131,7 +163,7 @@ class NeighborList:
         self.on_gpu = False
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
-        i, j, shifts = self._cpu.compute(positions, cell, pbc, quantities="ijS", copy=True)
+        i, j, shifts = self._current[0].compute(positions, cell, pbc, quantities="ijS", copy=True)
         return Neighbors(receivers=torch.from_numpy(i.astype(np.int64)).to(self.device),
                          senders=torch.from_numpy(j.astype(np.int64)).to(self.device),
                          unit_shifts=torch.from_numpy(shifts.astype(np.int64)).to(self.device))
@@ -144,7 +176,7 @@ class NeighborList:
         # and select the device with torch's guard (CuPy's Device context creates a context on device 0 on
         # exit in a process that only uses another device).
         with torch.cuda.device(self.device), cupy.cuda.using_allocator(_torch_allocator(self.device)):
-            i, j, shifts = self._gpu.compute(cupy.asarray(positions), cupy.asarray(cell), pbc,
+            i, j, shifts = self._current[1].compute(cupy.asarray(positions), cupy.asarray(cell), pbc,
                                              quantities="ijS", copy=True)
             i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
