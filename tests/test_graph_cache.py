@@ -551,7 +551,7 @@ def test_graphed_md_with_a_skin_follows_the_skin_free_run():
     from mlip_accel.integrations.md import initial_velocities, run_md
 
     results = {}
-    for skin in (0.0, 0.5):
+    for skin in (0.0, 0.5, "auto"):
         calc = default_model_calculator("float64", neighbor_skin=skin)
         atoms = _crystal(4, rattle=0.0, a=3.70)
         atoms.calc = calc
@@ -563,3 +563,7 @@ def test_graphed_md_with_a_skin_follows_the_skin_free_run():
            steps_per_s_skin=res1.steps_per_second, steps_per_s_no_skin=res0.steps_per_second)
     assert calc1.cuda_graphs and calc1.neighbor_list.builds < 50
     assert rel(pos1, pos0) <= 1e-9 and rel(res1.total_energy, res0.total_energy) <= 1e-9
+    # the default, "auto": a 256-atom crystal is small, so after the first list the 0.5 A skin is on
+    res2, pos2, calc2 = results["auto"]
+    assert calc2.neighbor_list.auto and calc2.neighbor_list.skin == 0.5 and calc2.neighbor_list.builds < 50
+    assert rel(pos2, pos0) <= 1e-9 and rel(res2.total_energy, res0.total_energy) <= 1e-9
