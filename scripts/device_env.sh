@@ -65,8 +65,12 @@ export MLIP_PYTHONPATH_MACE=$_mlip_dev_root:/tmp/site-mace:/tmp/site-common:/tmp
 export OEQ_JIT_EXTENSION=1
 export PYTHONUNBUFFERED=1
 
+# For checks that measure no OpenEquivariance: mace-torch imports it when present, and with
+# OEQ_JIT_EXTENSION=1 that import JIT-builds its extension (minutes, a lock that outlives a killed build: every
+# stage of a call ran into its timeout once). OEQ_NOTORCH=1 imports it without its torch extension.
+skip_oeq_build() { export OEQ_NOTORCH=1; unset OEQ_JIT_EXTENSION; }
 py_nequip() { PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP${PYTHONPATH:+:$PYTHONPATH} python3 "$@"; }
 # e3nn 0.4.4 torch.load()s its constants, refused by torch>=2.6's weights_only default without this.
 py_mace() { TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 PYTHONPATH=$MLIP_PYTHONPATH_MACE${PYTHONPATH:+:$PYTHONPATH} python3 "$@"; }
-export -f py_nequip py_mace
+export -f py_nequip py_mace skip_oeq_build
 unset -f _mlip_dev_install _mlip_dev_setup

@@ -40,8 +40,8 @@ fi
 
 if want nequip || want mace || want symcon || want graphs; then
   source scripts/device_env.sh >>"$OUT/all.log" 2>&1 || { stage device_env 1; exit 1; }
-  export OEQ_NOTORCH=1 OMP_NUM_THREADS=4
-  unset OEQ_JIT_EXTENSION
+  export OMP_NUM_THREADS=4
+  skip_oeq_build
 fi
 if want nequip; then
   (cd tests && timeout ${NEQUIP_TIMEOUT:-150} bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" .' 2>&1) | log

@@ -17,10 +17,7 @@ source scripts/device_env.sh || exit 1
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 export MLIP_GRAPH_REPORT=$OUT/graph_report.jsonl
 export OMP_NUM_THREADS=4
-# MACE imports OpenEquivariance at import time; its JIT build (~1 min, a lock that outlives a killed build)
-# is not needed here: import it without its torch extension
-export OEQ_NOTORCH=1
-unset OEQ_JIT_EXTENSION
+skip_oeq_build
 : >"$MLIP_GRAPH_REPORT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary.txt"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status

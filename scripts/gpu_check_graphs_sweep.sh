@@ -29,9 +29,7 @@ source scripts/device_env.sh || exit 1
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 export MLIP_GRAPH_REPORT=$OUT/graph_report.jsonl
 export OMP_NUM_THREADS=4
-# MACE imports OpenEquivariance when it is there; its JIT build is not needed here
-export OEQ_NOTORCH=1
-unset OEQ_JIT_EXTENSION
+skip_oeq_build
 touch "$MLIP_GRAPH_REPORT"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$OUT/summary.txt"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status

@@ -16,9 +16,7 @@ export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 if [[ -z "${SYMCON_PYTHON:-}" ]]; then  # SYMCON_PYTHON=/path/to/python: a dry run of this script off the device
   source scripts/device_env.sh >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
   export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 PYTHONPATH=$MLIP_PYTHONPATH_MACE
-  # mace-torch imports openequivariance when present; with OEQ_JIT_EXTENSION=1 (device_env.sh) that import
-  # JIT-builds its extension for minutes and every stage ran into its timeout. No stage here measures OEQ.
-  export OEQ_NOTORCH=1; unset OEQ_JIT_EXTENSION
+  skip_oeq_build
 fi
 PY=${SYMCON_PYTHON:-python3}  # a program, not the py_mace function: `timeout` runs programs only
 GPU_TESTS=${GPU_TESTS:-test_symmetric_contraction_gpu.py}

@@ -80,3 +80,23 @@ def default_model_calculator(dtype="float64", **kwargs):
     kwargs.setdefault("neighbor_skin", 0.0)
     return AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cuda", dtype=dtype, backend="cuda",
                                            **kwargs)
+
+
+def graph_report(**values):
+    """One JSON line of numbers a GPU test records, appended to $MLIP_GRAPH_REPORT when set (the device scripts
+    bring the file back)."""
+    import json
+    import os
+
+    path = os.environ.get("MLIP_GRAPH_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(values) + "\n")
+
+
+def max_rel(a, b) -> float:
+    """Largest absolute difference relative to the largest magnitude of ``b`` (arrays or tensors on the host)."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))

@@ -5,11 +5,8 @@ non-default stream; a capture that fails runs eagerly after one warning; the gra
 
 Numbers worth keeping (memory held by graphs, trajectory differences) go to $MLIP_GRAPH_REPORT (JSON lines)."""
 import copy
-import json
-import os
 import warnings
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,27 +15,13 @@ pytest.importorskip("vesin")
 
 from ase.build import bulk  # noqa: E402
 
-from helpers import default_model_calculator  # noqa: E402
+from helpers import default_model_calculator, graph_report as report, max_rel as rel  # noqa: E402
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.cuda_graphs import StepEvaluator  # noqa: E402
 from mlip_accel.integrations.padding import EdgeCapacity  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = {torch.float64: 1e-12, torch.float32: 1e-5}
-
-
-def report(**values):
-    path = os.environ.get("MLIP_GRAPH_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(values) + "\n")
-
-
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
 def tensors(calc, atoms):

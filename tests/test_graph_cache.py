@@ -12,8 +12,6 @@ GPU (marker gpu): the graphs of one calculator share one memory pool (less memor
 results), the auto switch-off on the device, the op count of the graphed call, a graphed MD run with a skin.
 Numbers worth keeping go to $MLIP_GRAPH_REPORT (JSON lines)."""
 import copy
-import json
-import os
 import warnings
 
 import numpy as np
@@ -24,7 +22,7 @@ pytest.importorskip("ase")
 pytest.importorskip("vesin")
 
 from mlip_accel.integrations import cuda_graphs as CG  # noqa: E402
-from helpers import default_model_calculator  # noqa: E402
+from helpers import default_model_calculator, graph_report as report, max_rel as rel  # noqa: E402
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.errors import InputError  # noqa: E402
 from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
@@ -38,18 +36,6 @@ RELATIVE = 1e-12
 # padding). Upper bounds on operations, not times.
 MAX_HOST_OPS_PER_CALL = 18
 MAX_HOST_OPS_PER_CALL_REUSED_LIST = 8
-
-
-def report(**values):
-    path = os.environ.get("MLIP_GRAPH_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps(values) + "\n")
-
-
-def rel(a, b) -> float:
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-300))
 
 
 def nequip_model():
@@ -449,7 +435,6 @@ def test_mace_cutoff_envelope_is_exactly_zero_beyond_r_max():
 
 
 # ------------------------------------------------------------------------------------ GPU
-
 
 
 def _crystal(repeat, a=3.61, rattle=0.1, seed=0):

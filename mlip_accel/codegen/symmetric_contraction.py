@@ -183,6 +183,16 @@ def _trie(monomials: dict) -> dict:
     return root
 
 
+def _monomials_by_weight_row(term) -> list[tuple[int, dict]]:
+    """A term's monomials grouped by the weight row k they multiply: [(k, {monomial: [(m, value)]})], k sorted
+    (the backward and double backward walk the rows in this order)."""
+    by_k: dict[int, dict] = {}
+    for mono, entries in term.monomials:
+        for m, k, value in entries:
+            by_k.setdefault(k, {}).setdefault(mono, []).append((m, value))
+    return sorted(by_k.items())
+
+
 def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> list[str]:
     lines = [f"  T g{i} = 0;" for i in range(p.dim_in)]
     for output, start in zip(p.outputs, p.output_offsets):
@@ -190,11 +200,7 @@ def _backward_body(p: SymmetricContractionProblem, dtype: str, with_w: bool) -> 
         lines.append(f"    const T* gp = grad_out + b * {p.dim_out} + {start} + c * {output.dim};")
         lines += [f"    const T z{m} = gp[{m}];" for m in range(output.dim)]
         for term, off in zip(output.terms, output.weight_offsets):
-            by_k: dict[int, dict] = {}
-            for mono, entries in term.monomials:
-                for m, k, value in entries:
-                    by_k.setdefault(k, {}).setdefault(mono, []).append((m, value))
-            for k, monomials in sorted(by_k.items()):
+            for k, monomials in _monomials_by_weight_row(term):
                 lines.append(f"    {{ const T w = wp[{(off + k) * p.channels}];")
                 root = _Emitter(dtype, lines, "      ").node(_trie(monomials), "w", 0)
                 if with_w:  # R_k(x) = sum_m z_m s[m, k]: the node's gradient of weight row k, into its run's slot
@@ -257,11 +263,7 @@ def _double_backward_body(p: SymmetricContractionProblem, dtype: str) -> list[st
         lines += [f"    const T z{m} = gp[{m}];" for m in range(output.dim)]
         lines += [f"    T e{m} = 0;" for m in range(output.dim)]
         for term, off in zip(output.terms, output.weight_offsets):
-            by_k: dict[int, dict] = {}
-            for mono, entries in term.monomials:
-                for m, k, value in entries:
-                    by_k.setdefault(k, {}).setdefault(mono, []).append((m, value))
-            for k, monomials in sorted(by_k.items()):
+            for k, monomials in _monomials_by_weight_row(term):
                 row = (off + k) * p.channels
                 lines.append(f"    {{ const T w = wp[{row}]; const T u = up[{row}];")
                 for m in sorted({m for entries in monomials.values() for m, _ in entries}):
