@@ -8,7 +8,11 @@ carbon-1k-size graph (1000 nodes, 158,000 edges), median ms of:
   synced   one call between two CUDA events, the GPU idle before it (host issue time before the first kernel
            counts: what a launch-bound step feels)
   batched  20 calls back to back between two events, per call (the GPU's own time if the host keeps ahead)
-  host     wall time of issuing one call with the GPU kept busy (no sync inside)
+  host     wall time of issuing one call with the GPU kept busy by a sleep kernel. Only the issue time if the
+           call never synchronises: a call that does waits for the sleep, and host then reads sleep/20 + the
+           GPU time (the 2026-11-23 H100 run: 2.06 ms = 1.26 + 0.81 for mace-medium's forward)
+  syncs    host-device synchronisations one call makes (torch.cuda.set_sync_debug_mode, CUDA only: -1 on the
+           CPU): the conv's one-transfer index range and fingerprint check is one
 Prints one JSON line per problem and direction."""
 from __future__ import annotations
 
@@ -57,6 +61,22 @@ def install_cpu_timers() -> None:
     torch.cuda.Event = _HostEvent
     torch.cuda.synchronize = lambda *a: None
     torch.cuda._sleep = lambda *a: None
+
+
+def count_syncs(fn, device: str) -> int:
+    """How many synchronising CUDA operations one call of ``fn`` makes (-1 where that cannot be seen)."""
+    if device != "cuda" or not hasattr(torch.cuda, "set_sync_debug_mode"):
+        return -1
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
 
 
 def main() -> None:
@@ -120,7 +140,7 @@ def main() -> None:
                 batched.append(s.elapsed_time(t) / 20)
             print(json.dumps({"tree": a.tree, "problem": name, "dtype": a.dtype, "call": label,
                               "synced_ms": statistics.median(synced), "batched_ms": statistics.median(batched),
-                              "host_ms": statistics.median(host)}), flush=True)
+                              "host_ms": statistics.median(host), "syncs": count_syncs(fn, dev)}), flush=True)
 
 
 if __name__ == "__main__":
