@@ -11,8 +11,8 @@ carbon-1k-size graph (1000 nodes, 158,000 edges), median ms of:
   host     wall time of issuing one call with the GPU kept busy by a sleep kernel. Only the issue time if the
            call never synchronises: a call that does waits for the sleep, and host then reads sleep/20 + the
            GPU time (the 2026-11-23 H100 run: 2.06 ms = 1.26 + 0.81 for mace-medium's forward)
-  syncs    host-device synchronisations one call makes (torch.cuda.set_sync_debug_mode, CUDA only: -1 on the
-           CPU): the conv's one-transfer index range and fingerprint check is one
+  syncs    host-device synchronisations one call makes (mlip_accel.testing.op_count.count_syncs; null without
+           CUDA): the conv's one-transfer index range and fingerprint check is one
 Prints one JSON line per problem and direction."""
 from __future__ import annotations
 
@@ -63,20 +63,13 @@ def install_cpu_timers() -> None:
     torch.cuda._sleep = lambda *a: None
 
 
-def count_syncs(fn, device: str) -> int:
-    """How many synchronising CUDA operations one call of ``fn`` makes (-1 where that cannot be seen)."""
-    if device != "cuda" or not hasattr(torch.cuda, "set_sync_debug_mode"):
-        return -1
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+def syncs_of(fn):
+    """Synchronisations of one ``fn()`` (None without CUDA, or for a tree older than the counter)."""
+    try:
+        from mlip_accel.testing.op_count import count_syncs
+    except ImportError:  # the older tree of a before/after comparison
+        return None
+    return count_syncs(fn)["count"]
 
 
 def main() -> None:
@@ -140,7 +133,7 @@ def main() -> None:
                 batched.append(s.elapsed_time(t) / 20)
             print(json.dumps({"tree": a.tree, "problem": name, "dtype": a.dtype, "call": label,
                               "synced_ms": statistics.median(synced), "batched_ms": statistics.median(batched),
-                              "host_ms": statistics.median(host), "syncs": count_syncs(fn, dev)}), flush=True)
+                              "host_ms": statistics.median(host), "syncs": syncs_of(fn)}), flush=True)
 
 
 if __name__ == "__main__":

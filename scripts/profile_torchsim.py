@@ -21,7 +21,6 @@ Writes profile_torchsim.<framework>.json and .txt to --out.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import json
 import os
@@ -29,7 +28,6 @@ import statistics
 import sys
 import time
 import traceback
-import warnings
 
 import torch
 
@@ -38,6 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 import bench_torchsim as bench  # noqa: E402
+from mlip_accel.testing.op_count import count_syncs  # noqa: E402
 
 # model blocks timed as ranges: attribute paths (MACE, NequIP) -> short names
 MACE_BLOCKS = ("radial_embedding", "spherical_harmonics", "node_embedding")
@@ -96,26 +95,6 @@ def block_ranges(model) -> list:
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
     return handles
-
-
-def count_syncs(fn) -> dict:
-    """Host synchronisations torch reports during fn() (set_sync_debug_mode warns at each)."""
-    if not torch.cuda.is_available():
-        fn()
-        return {"count": None, "where": {}}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    where = collections.Counter()
-    for w in caught:
-        if "synchroniz" not in str(w.message):
-            continue
-        where[f"{os.path.basename(w.filename)}:{w.lineno}"] += 1
-    return {"count": sum(where.values()), "where": dict(where.most_common(15))}
 
 
 def profile_table(fn) -> tuple:

@@ -36,8 +36,8 @@ says why.
 from __future__ import annotations
 
 import collections
-import math
 import dataclasses
+import math
 import warnings
 
 import numpy as np

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
+import warnings
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -67,3 +69,24 @@ class OpCounter(TorchDispatchMode):
 
 
 __all__ = ["OpCounter"]
+
+
+def count_syncs(fn) -> dict:
+    """Host-device synchronisations torch reports while ``fn()`` runs (``torch.cuda.set_sync_debug_mode`` warns
+    at each): ``{"count": n, "where": {file:line: n}}``; without CUDA ``fn()`` still runs and count is None."""
+    if not torch.cuda.is_available():
+        fn()
+        return {"count": None, "where": {}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    where = collections.Counter()
+    for w in caught:
+        if "synchroniz" not in str(w.message):
+            continue
+        where[f"{os.path.basename(w.filename)}:{w.lineno}"] += 1
+    return {"count": sum(where.values()), "where": dict(where.most_common(15))}
