@@ -9,6 +9,9 @@ interactions, 89 elements, random weights); cuEquivariance through MACE's own co
 
 - ``md``: parameters frozen (``requires_grad=False``, as MACE's calculator does), ``model(batch)`` with
   autograd forces, synchronised.
+- ``stress``: as ``md`` with ``compute_stress=True`` (MACE's ASE calculator on a periodic cell, TorchSim):
+  the stress gathers' backward (``cell[batch[sender]]``), which mlip_accel swaps (patches.mace.displacement);
+  each peer runs MACE's own.
 - ``train``: parameters trainable, ``model(batch, training=True)`` (forces with create_graph), loss
   ``mean((E - E0)^2) + mean(|F - F0|^2)`` against fixed targets, ``loss.backward()``, gradients set to None
   first. Each implementation's loss, forces and (mlip_accel, same parameter names) parameter gradients are
@@ -19,7 +22,7 @@ Medians of synchronised wall times; peak memory = torch.cuda.max_memory_allocate
 the same run) and ``bench_mace_step.md`` under ``--out``.
 
     python scripts/bench_mace_step.py --out DIR [--sizes 5 10 11] [--dtypes float32 float64] \\
-        [--impls mlip_accel cueq e3nn] [--modes md train] [--time-budget 300]
+        [--impls mlip_accel cueq e3nn] [--modes md stress train] [--time-budget 300]
     python scripts/bench_mace_step.py --tiny --out DIR     # CPU smoke test: tiny model, 64 atoms, reference backend
 """
 from __future__ import annotations
@@ -45,7 +48,7 @@ from mlip_accel.testing.timing import synchronize, wall_times  # noqa: E402
 
 IMPLS = ("mlip_accel", "cueq", "e3nn")  # mlip_accel first: its numbers land before a slow peer uses the budget
 LABELS = {"e3nn": "e3nn", "cueq": "cuEquivariance", "mlip_accel": "mlip_accel"}
-MODES = ("md", "train")
+MODES = ("md", "stress", "train")  # stress: energy + forces + stress, as MACE's ASE calculator and TorchSim call it
 DTYPES = tuple(_DTYPE_MAP)
 SIZES = (5, 10, 11)  # diamond cells per axis: 1000, 8000, 10648 atoms
 TINY_SIZES = (2,)  # 64 atoms
@@ -83,6 +86,11 @@ def make_step(model, data: dict, mode: str, targets):
         out = model(dict(data), compute_stress=False, training=False)
         md.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach()}
 
+    def stress():
+        out = model(dict(data), compute_stress=True, training=False)
+        stress.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach(),
+                       "stress": out["stress"].detach()}
+
     def train():
         for p in params:
             p.grad = None
@@ -94,7 +102,7 @@ def make_step(model, data: dict, mode: str, targets):
 
     for p in params:
         p.requires_grad_(mode == "train")  # MD: frozen, as MACE's calculator freezes them
-    return md if mode == "md" else train
+    return {"md": md, "stress": stress, "train": train}[mode]
 
 
 def time_case(step, device: torch.device, min_seconds: float, max_reps: int, warmup: int) -> dict:
@@ -209,6 +217,8 @@ def _add_errors(cases: list, outputs: dict, dtype_name: str) -> None:
             continue
         case["force_rel_err"] = _rel(mine["forces"], ref["forces"])
         case["energy_rel_err"] = _rel(mine["energy"], ref["energy"])
+        if "stress" in mine:
+            case["stress_rel_err"] = _rel(mine["stress"], ref["stress"])
         if "loss" in mine:
             case["loss_rel_err"] = _rel(mine["loss"], ref["loss"])
             if mine["grads"].keys() == ref["grads"].keys():

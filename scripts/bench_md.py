@@ -107,6 +107,9 @@ def variant(framework: str, impl: str, base, device: torch.device):
     """``base`` (a CPU model) as ``impl`` runs it, on ``device``; raises Unavailable with the reason."""
     model = copy.deepcopy(base)
     dtype = next(base.parameters()).dtype
+    from mlip_accel.patches.mace.displacement import framework_functions
+
+    framework_functions(framework, impl)  # a MACE peer runs MACE's own stress gathers, mlip_accel its own
     if impl == "e3nn":
         return model.to(device)
     if impl == "mlip_accel":

@@ -226,7 +226,7 @@ def test_kernel_timing_comparison_pairs_rows_and_gives_ratios(tmp_path):
 
 @pytest.mark.mace
 def test_bench_mace_step_tiny_runs_end_to_end_on_cpu(tmp_path):
-    # the whole-step benchmark's CPU smoke mode: tiny MACE, 64 atoms, md and train steps, mlip_accel (reference
+    # the whole-step benchmark's CPU smoke mode: tiny MACE, 64 atoms, md, stress and train steps, mlip_accel (reference
     # backend) and e3nn timed, cuEquivariance recorded as unavailable; errors against e3nn are real and small
     pytest.importorskip("mace")
     pytest.importorskip("ase")
@@ -238,9 +238,10 @@ def test_bench_mace_step_tiny_runs_end_to_end_on_cpu(tmp_path):
     assert data["cases"] == json.loads(json.dumps(result["cases"]))
     assert data["device"] == "cpu" and data["versions"]["torch"] == torch.__version__
     by = {(c["impl"], c["mode"]): c for c in data["cases"]}
-    assert set(by) == {(i, m) for i in ("mlip_accel", "cueq", "e3nn") for m in ("md", "train")}
+    assert set(by) == {(i, m) for i in ("mlip_accel", "cueq", "e3nn") for m in ("md", "stress", "train")}
     assert by[("cueq", "md")]["status"].startswith("unavailable")
-    for mode in ("md", "train"):
+    assert by[("mlip_accel", "stress")]["stress_rel_err"] <= 1e-10
+    for mode in ("md", "stress", "train"):
         ours = by[("mlip_accel", mode)]
         assert ours["status"] == by[("e3nn", mode)]["status"] == "ok" and ours["atoms"] == 64
         assert ours["force_rel_err"] <= 1e-10 and ours["ms_median"] > 0 and "speedup_vs_e3nn" in ours

@@ -15,6 +15,7 @@ from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
+from . import displacement as mace_displacement
 from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
@@ -215,6 +216,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             skip_undo = mace_skip.install(skips)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
+            mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
                 compare_outputs(reference, run_probe(model, batch), tolerance(model, e3nn_tps),
