@@ -121,12 +121,22 @@ class NeighborList:
         # strict: a pair at exactly cutoff + skin at the build is outside the list
         return bool(moved.size == 0 or moved.max() < (skin / 2) ** 2)
 
+    @property
+    def last_skin(self) -> float:
+        """The skin of the last list built (0 when none was built, or it was built without a skin and so holds
+        only for the positions it was built at)."""
+        return self._built[4] if self._built is not None else 0.0
+
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
-        positions = np.ascontiguousarray(positions, dtype=np.float64)
-        cell = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
-        pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
         if self.skin > 0 and self.reusable(positions, cell, pbc):
             return self._built[3]
+        return self.build(positions, cell, pbc)
+
+    def build(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
+        """A new list at these positions, whether or not the last one could still be used (a caller that checks
+        reuse itself: the device-resident MD loop, :mod:`.device_md`)."""
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
         check_cell(cell, pbc)
         skin = self.skin
         neighbors = self._build(positions, cell, pbc, skin)
@@ -181,6 +191,11 @@ class NeighborList:
             i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
         return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])
+
+
+def _host_inputs(positions, cell, pbc) -> tuple:
+    return (np.ascontiguousarray(positions, dtype=np.float64),
+            np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3), np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
 
 
 def _torch_allocator(device: torch.device):

@@ -1,0 +1,370 @@
+"""Molecular dynamics that stays on the model's device: velocity Verlet (NVE) and Langevin (NVT).
+
+Why: below a few thousand atoms an ASE MD step costs more host time (ASE's integrator, its calculator
+plumbing, positions to the device and forces back, per-step observers) than the graphed model evaluation
+takes on the GPU. Here positions, momenta and forces stay float64 tensors on the device, a step is a handful
+of torch operations around :class:`~.cuda_graphs.StepEvaluator`, and the host reads the device only
+
+- at a *check*: every ``check_every`` steps at most (and at trajectory frames, snapshots, the end of the
+  warm-up and of the run), one small copy of each step's finiteness sum, the largest displacement since the
+  neighbour list was built and the largest speed and acceleration (which plan the next checks);
+- when the neighbour list is built (vesin needs the positions on the host and returns data-sized arrays).
+
+Neighbour lists with a skin hold every pair within the cutoff while no atom has moved skin/2 since the build
+(:class:`~.neighbors.NeighborList`). Between checks the device keeps the largest displacement since the
+build; a check that finds it reached skin/2, or finds a non-finite step, discards the steps since the last
+check (their start state was kept) and redoes them *carefully*: one host read per step, the list rebuilt
+before any step whose atoms moved skin/2 (exactly as :class:`~.ase.AcceleratedCalculator` decides), and the
+run stopped at the first non-finite step with :class:`~.errors.UnstableDynamicsError`. So no accepted step
+used a stale list, and frames (written at checks) are sound. Checks are planned so that redoing is rare: a
+check rebuilds the list when the displacement so far plus a bound on the next steps' motion (speed x time +
+acceleration x time^2 / 2, with a margin) could reach skin/2. Without a skin every step is careful (the list
+is rebuilt every step); on the CPU too (``check_every=1``: a host read costs nothing there).
+
+The integrators do the floating-point operations of ASE's: NVE those of ``ase.md.verlet.VelocityVerlet``,
+NVT those of ``ase.md.langevin.Langevin(fixcm=False)`` with ``ase.constraints.FixCom`` (the centre of mass
+held: positions and momenta adjusted as FixCom adjusts them), as ``mlip-accel md`` runs it. The thermostat's
+random numbers come from a seeded ``torch.Generator`` on the device (reproducible; not ASE's numpy stream).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+import torch
+
+from .errors import InputError
+from .md import MDResult, MDInterrupted, Progress, raise_if_not_finite, timing_plan
+
+DEFAULT_CHECK_EVERY = 20  # steps between host reads on a GPU: a check costs a sync (the GPU idles while the host
+# issues the next steps), a longer block costs more steps to redo when a list went stale inside it
+MOTION_MARGIN = 1.5  # the planned motion bound's safety factor (Langevin kicks and changing forces are not in it)
+
+
+@dataclasses.dataclass
+class _Check:
+    """What a check read from the device (host floats): squared displacement since the build, max squared
+    speed and acceleration now."""
+    moved2: float
+    speed2: float
+    accel2: float
+
+
+class DeviceMD:
+    """An MD run of ``atoms`` on the device of ``evaluate`` (a :class:`~.cuda_graphs.StepEvaluator`, or anything
+    called like one) with neighbour lists from ``neighbor_list`` (:class:`~.neighbors.NeighborList`).
+
+    ``types``: the model types of the atoms on the device. ``ensemble``: "nve" or "nvt" (the caller adds
+    FixCom to ``atoms`` for "nvt", as :func:`~.md.run_md` does; no other constraint is supported).
+    ``check_every``: steps between host reads (default: 20 on CUDA, 1 elsewhere). ``noise``: a callable
+    ``noise(k) -> (k, 2, N, 3)`` float64 tensor of standard normals for k Langevin steps (tests feed ASE's
+    stream through it); default the seeded generator. ``on_build(neighbors)``: called after each list build.
+    :meth:`advance` runs steps; ``step`` counts them; ``rollbacks`` counts the checks that redid steps.
+    """
+
+    def __init__(self, atoms, evaluate, neighbor_list, types: torch.Tensor, device, timestep_fs: float = 2.0,
+                 ensemble: str = "nve", temperature_K: float = 300.0, friction_per_fs: float = 0.01, seed: int = 0,
+                 check_every: int | None = None, noise=None, on_build=None):
+        from ase import units
+
+        from .md import check_structure
+
+        if ensemble not in ("nve", "nvt"):
+            raise ValueError(f"ensemble must be 'nvt' or 'nve', got {ensemble!r}")
+        # FixCom only with the thermostat (as run_md adds it); ASE's Verlet under constraints is another update
+        others = [type(c).__name__ for c in atoms.constraints if ensemble == "nve" or type(c).__name__ != "FixCom"]
+        if others:
+            raise InputError(f"the device integrator supports no constraints (but FixCom in NVT); the structure has "
+                             f"{', '.join(others)}: use the ASE integrator (--integrator ase)")
+        check_structure(atoms, 0.0)  # finite positions and cell
+        self.device = torch.device(device)
+        self.evaluate, self.neighbor_list, self.types = evaluate, neighbor_list, types
+        self.ensemble, self.on_build = ensemble, on_build
+        self.check_every = int(check_every) if check_every else (
+            DEFAULT_CHECK_EVERY if self.device.type == "cuda" else 1)
+        f64 = dict(dtype=torch.float64, device=self.device)
+        self.dt = timestep_fs * units.fs
+        masses = atoms.get_masses()
+        self.m = torch.as_tensor(masses[:, None], **f64)  # (N, 1), as ASE's MolecularDynamics keeps them
+        self.m_row = torch.as_tensor(masses, **f64)
+        self.total_mass = float(masses.sum())
+        self.x = torch.as_tensor(atoms.positions, **f64).clone()
+        self.p = torch.as_tensor(atoms.get_momenta(), **f64).clone()
+        self.cell_host, self.pbc_host = atoms.cell.array.copy(), atoms.pbc.copy()
+        self.cell = torch.as_tensor(self.cell_host, **f64)
+        self.pbc = tuple(bool(b) for b in self.pbc_host)
+        if ensemble == "nvt":
+            # ase.md.langevin.Langevin.updatevars, with the masses as an (N, 1) column
+            temp, fr, dt, m = units.kB * temperature_K, friction_per_fs / units.fs, self.dt, masses[:, None]
+            sigma = np.sqrt(2 * temp * fr / m)
+            self.c1 = dt / 2.0 - dt * dt * fr / 8.0
+            self.c2 = dt * fr / 2 - dt * dt * fr * fr / 8.0
+            c3 = np.sqrt(dt) * sigma / 2.0 - dt**1.5 * fr * sigma / 8.0
+            c5 = dt**1.5 * sigma / (2 * np.sqrt(3))
+            self.c3, self.c4, self.c5 = (torch.as_tensor(c, **f64) for c in (c3, fr / 2.0 * c5, c5))
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(int(seed) + 1)
+        self.noise = noise
+        self.step = 0
+        self.rollbacks = 0
+        self._records = torch.empty((1, 3), **f64)  # per step: potential energy, kinetic energy, finiteness sum
+        self._moved2 = torch.zeros((), **f64)  # largest squared displacement since the list was built
+        self._check: _Check | None = None
+        self.neighbors = self._x_built = None
+        self._build()
+        self._force()
+        self._record()
+        self._stop_if_not_finite()
+
+    @classmethod
+    def from_calculator(cls, atoms, calc, **kwargs) -> "DeviceMD":
+        """The run over an :class:`~.ase.AcceleratedCalculator`'s evaluator and neighbour list (its ``num_edges``
+        follows the lists built, as in its own calls)."""
+        def on_build(neighbors):
+            calc.num_edges = neighbors.num_edges
+
+        return cls(atoms, calc.evaluator, calc.neighbor_list, calc.potential.atom_types(atoms.numbers),
+                   calc.potential.device, on_build=on_build, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ running
+
+    def advance(self, steps: int) -> None:
+        """Run ``steps`` more steps; on return every step is checked (finite, no stale list)."""
+        end = self.step + steps
+        self._reserve(end)
+        while self.step < end:
+            left = end - self.step
+            if self.check_every <= 1 or self.neighbor_list.skin <= 0:
+                self._careful(left)  # no skin: a list per step, built from host positions anyway
+                continue
+            k = self._safe_steps(min(left, self.check_every))
+            if k == 0:
+                self._build()
+                k = self._safe_steps(min(left, self.check_every))
+            if k == 0:
+                self._careful(1)  # atoms too fast for even one planned step
+            else:
+                self._block(k)
+
+    def _block(self, k: int) -> None:
+        """k steps on the list as it is, then one check; redone carefully when it finds a problem."""
+        noise = self._draw(k)
+        saved = (self.x.clone(), self.p.clone(), self.f.clone(), self.e.clone(), self._moved2.clone(), self.step)
+        for j in range(k):
+            self._step(noise[j])
+        check, finite = self._read(saved[-1] + 1)
+        skin = self.neighbor_list.last_skin
+        if finite and check.moved2 < (skin / 2) ** 2:
+            self._check = check
+            return
+        self.rollbacks += 1
+        self.x, self.p, self.f, self.e, self._moved2, self.step = saved
+        self._careful(k, noise)
+
+    def _careful(self, k: int, noise=None) -> None:
+        """k steps, each with the list checked on the host before the model runs and its finiteness after."""
+        noise = self._draw(k) if noise is None else noise
+        for j in range(k):
+            self._step(noise[j], careful=True)
+            self._stop_if_not_finite()
+        self._check = None
+
+    def _step(self, noise, careful: bool = False) -> None:
+        if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step, operation for operation
+            self.p = self.p + self.f * (0.5 * self.dt)
+            self.x = self.x + self.p * self.dt / self.m
+        else:
+            x_old, velocity, rnd_pos, rnd_vel = self._langevin_drift(noise)
+        if careful:
+            self._list_for_step()
+        moved = self.x - self._x_built
+        torch.maximum(self._moved2, (moved * moved).sum(dim=1).max(), out=self._moved2)
+        self._force()
+        if self.ensemble == "nve":
+            self.p = self.p + self.f * (0.5 * self.dt)
+        else:
+            self._langevin_kick(x_old, velocity, rnd_pos, rnd_vel)
+        self.step += 1
+        self._record()
+
+    def _langevin_drift(self, noise):
+        """ase.md.langevin.Langevin.step up to the new positions (FixCom.adjust_positions included)."""
+        xi, eta = noise[0], noise[1]
+        rnd_pos = self.c5 * eta
+        rnd_vel = self.c3 * xi - self.c4 * eta
+        velocity = self.p / self.m
+        velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + rnd_vel)
+        x_old = self.x
+        x_new = x_old + self.dt * velocity + rnd_pos
+        # FixCom.adjust_positions: the centre of mass where it was
+        x_new = x_new + (self.m_row @ x_old / self.total_mass - self.m_row @ x_new / self.total_mass)
+        self.x = x_new
+        return x_old, velocity, rnd_pos, rnd_vel
+
+    def _langevin_kick(self, x_old, velocity, rnd_pos, rnd_vel) -> None:
+        velocity = (self.x - x_old - rnd_pos) / self.dt
+        velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + rnd_vel)
+        p = velocity * self.m
+        self.p = p - self.m * (p.sum(dim=0) / self.total_mass)  # FixCom.adjust_momenta: no centre-of-mass velocity
+
+    def _draw(self, k: int):
+        if self.ensemble == "nve":
+            return [None] * k
+        if self.noise is not None:
+            return self.noise(k)
+        return torch.randn((k, 2) + tuple(self.x.shape), generator=self.generator, dtype=torch.float64,
+                           device=self.device)
+
+    def _force(self) -> None:
+        # copy_outputs=False: a graph's own output buffers; read (or copied: snapshots) before its next replay
+        out = self.evaluate(self.x, self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
+        self.f = out["forces"].to(torch.float64)
+        self.e = out["energy"].to(torch.float64)
+
+    def _record(self) -> None:
+        kinetic = (self.p * (self.p / self.m)).sum() * 0.5  # Atoms.get_kinetic_energy
+        # any NaN or inf among the forces and energy makes this sum non-finite
+        self._records[self.step] = torch.stack([self.e, kinetic, self.f.sum() + self.e])
+
+    def _reserve(self, steps: int) -> None:
+        if self._records.shape[0] <= steps:
+            grown = torch.empty((max(steps + 1, 2 * self._records.shape[0]), 3), dtype=torch.float64,
+                                device=self.device)
+            grown[:self._records.shape[0]] = self._records
+            self._records = grown
+
+    # ---------------------------------------------------------------------------------- neighbour lists
+
+    def _build(self) -> None:
+        self.neighbors = self.neighbor_list.build(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
+        self._built()
+
+    def _built(self) -> None:
+        self._x_built = self.x.clone()
+        self._moved2.zero_()
+        if self._check is not None:
+            self._check.moved2 = 0.0
+        if self.on_build is not None:
+            self.on_build(self.neighbors)
+
+    def _list_for_step(self) -> None:
+        """The calculator's own decision: reuse the list while no atom moved skin/2, else build one."""
+        builds = self.neighbor_list.builds
+        self.neighbors = self.neighbor_list(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
+        if self.neighbor_list.builds != builds:
+            self._built()
+
+    def _safe_steps(self, wanted: int) -> int:
+        """How many of the next ``wanted`` steps the list is expected to hold for (0: build one first)."""
+        skin = self.neighbor_list.last_skin
+        if skin <= 0:
+            return 0
+        if self._check is None:
+            self._check, _ = self._read(self.step + 1)
+        c = self._check
+        moved, speed, accel = math.sqrt(c.moved2), math.sqrt(c.speed2), math.sqrt(c.accel2)
+        for k in range(wanted, 0, -1):
+            t = k * self.dt
+            if moved + MOTION_MARGIN * (speed * t + 0.5 * accel * t * t) < skin / 2:  # NaN: never true
+                return k
+        return 0
+
+    # ------------------------------------------------------------------------------------- host reads
+
+    def _read(self, first: int) -> tuple[_Check, bool]:
+        """One device-to-host copy: the check's numbers and whether steps ``first..step`` were finite."""
+        speed2 = ((self.p / self.m) ** 2).sum(dim=1).max()
+        accel2 = ((self.f / self.m) ** 2).sum(dim=1).max()
+        flat = torch.cat([torch.stack([self._moved2, speed2, accel2]), self._records[first:self.step + 1, 2]])
+        flat = flat.cpu().numpy()
+        return _Check(*(float(v) for v in flat[:3])), bool(np.isfinite(flat[3:]).all())
+
+    def _stop_if_not_finite(self) -> None:
+        if not math.isfinite(float(self._records[self.step, 2])):
+            raise_if_not_finite(self.f.cpu().numpy(), float(self.e), self.step)
+
+    def energies(self) -> tuple[np.ndarray, np.ndarray]:
+        """(potential, kinetic) energy after each step so far (index 0: the start), eV."""
+        records = self._records[:self.step + 1].cpu().numpy()
+        return records[:, 0].copy(), records[:, 1].copy()
+
+    def to_atoms(self, atoms, results: bool = True):
+        """``atoms`` (a copy) at the current step: positions, momenta and (``results``) the model's energy and
+        forces as a SinglePointCalculator, as an ASE trajectory frame holds them."""
+        from ase.calculators.singlepoint import SinglePointCalculator
+
+        frame = atoms.copy()
+        n = self.x.shape[0]
+        flat = torch.cat([self.x, self.p, self.f, self.e.expand(1, 3)]).cpu().numpy()  # one copy
+        frame.arrays["positions"][:] = flat[:n]
+        frame.set_momenta(flat[n:2 * n], apply_constraint=False)
+        if results:
+            energy = float(flat[-1, 0])
+            frame.calc = SinglePointCalculator(frame, energy=energy, free_energy=energy, forces=flat[2 * n:3 * n])
+        return frame
+
+
+def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 300.0,
+                  ensemble: str = "nvt", friction_per_fs: float = 0.01, seed: int = 0, trajectory=None,
+                  trajectory_interval: int = 10, progress_label: str | None = "", snapshots: int = 5,
+                  warmup: int | None = None, should_stop=None, check_every: int | None = None, md=None) -> MDResult:
+    """:func:`~.md.run_md` with the device-resident loop (:class:`DeviceMD`) over ``atoms.calc``, an
+    :class:`~.ase.AcceleratedCalculator`: the same arguments, result, progress bar, trajectory frames (written
+    every ``trajectory_interval`` steps from device copies, after their steps were checked), snapshots and
+    ``should_stop`` (asked at every check). ``atoms`` ends at the last step's positions and momenta.
+    ``md``: a :class:`DeviceMD` already made for ``atoms`` (tests); else one is made here."""
+    from ase import units
+    from ase.constraints import FixCom
+
+    if ensemble == "nvt" and not any(isinstance(c, FixCom) for c in atoms.constraints):
+        atoms.set_constraint(list(atoms.constraints) + [FixCom()])  # as run_md: the noise must not move the centre
+    if md is None:
+        md = DeviceMD.from_calculator(atoms, atoms.calc, timestep_fs=timestep_fs, ensemble=ensemble,
+                                      temperature_K=temperature_K, friction_per_fs=friction_per_fs, seed=seed,
+                                      check_every=check_every)
+    warmup, snapshot_every = timing_plan(steps, snapshots, warmup)
+    kept = [atoms.copy()]
+    progress = Progress(steps, progress_label) if progress_label is not None else None
+    t0 = time.perf_counter() if warmup == 0 else None
+    if trajectory is not None:
+        trajectory.write(md.to_atoms(atoms))
+    start = md.step
+    while md.step - start < steps:
+        done = md.step - start
+        # the host looks at the run at these steps only: frames, snapshots, the warm-up's end, every check_every
+        stops = [steps, done + md.check_every - done % md.check_every]
+        if trajectory is not None:
+            stops.append(done + trajectory_interval - done % trajectory_interval)
+        if len(kept) <= snapshots:
+            stops.append(done + snapshot_every - done % snapshot_every)
+        if done < warmup:
+            stops.append(warmup)
+        md.advance(min(stops) - done)
+        done = md.step - start
+        if done == warmup:
+            t0 = time.perf_counter()  # the check just read the device: everything before is done
+        if trajectory is not None and done % trajectory_interval == 0:
+            trajectory.write(md.to_atoms(atoms))
+        if done % snapshot_every == 0 and len(kept) <= snapshots:
+            kept.append(md.to_atoms(atoms, results=False))
+        if progress is not None:
+            timed = t0 is not None and done > warmup
+            progress.update(done, (done - warmup) / (time.perf_counter() - t0) if timed else float("nan"))
+        reason = should_stop() if should_stop is not None else None
+        if reason:
+            raise MDInterrupted(reason, done, steps)
+    potential, kinetic = md.energies()
+    seconds = time.perf_counter() - t0
+    final = md.to_atoms(atoms, results=False)
+    atoms.arrays["positions"][:] = final.positions
+    atoms.set_momenta(final.get_momenta(), apply_constraint=False)
+    degrees_of_freedom = 3 * len(atoms) - sum(c.get_removed_dof(atoms) for c in atoms.constraints)
+    temperature = 2 * kinetic / (degrees_of_freedom * units.kB) if degrees_of_freedom > 0 else 0 * kinetic
+    return MDResult(steps=steps, seconds=seconds, timed_steps=steps - warmup, timestep_fs=timestep_fs,
+                    total_energy=(potential + kinetic)[start:], temperature=temperature[start:],
+                    num_atoms=len(atoms), snapshots=kept)
+
+
+__all__ = ["DEFAULT_CHECK_EVERY", "DeviceMD", "run_device_md"]
