@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -56,17 +57,22 @@ class DeviceMD:
     """An MD run of ``atoms`` on the device of ``evaluate`` (a :class:`~.cuda_graphs.StepEvaluator`, or anything
     called like one) with neighbour lists from ``neighbor_list`` (:class:`~.neighbors.NeighborList`).
 
-    ``types``: the model types of the atoms on the device. ``ensemble``: "nve" or "nvt" (the caller adds
-    FixCom to ``atoms`` for "nvt", as :func:`~.md.run_md` does; no other constraint is supported).
-    ``check_every``: steps between host reads (default: 20 on CUDA, 1 elsewhere). ``noise``: a callable
-    ``noise(k) -> (k, 2, N, 3)`` float64 tensor of standard normals for k Langevin steps (tests feed ASE's
-    stream through it); default the seeded generator. ``on_build(neighbors)``: called after each list build.
-    :meth:`advance` runs steps; ``step`` counts them; ``rollbacks`` counts the checks that redid steps.
+    ``types``: the model types of the atoms on the device. ``ensemble``: "nve" or "nvt" (NVT holds the centre
+    of mass, as FixCom does; the caller adds FixCom to ``atoms`` for its frames, as :func:`run_device_md` does;
+    no other constraint is supported). ``check_every``: steps between host reads (default: 20 on CUDA, 1
+    elsewhere). ``noise``: a callable ``noise(k) -> (k, 2, N, 3)`` float64 tensor of standard normals for k
+    Langevin steps (tests feed ASE's stream through it); default the seeded generator. ``on_build(neighbors)``:
+    called after each list build. ``graphs``: capture the two half-steps around the model as CUDA graphs
+    ("auto": on CUDA; a failed capture warns and runs them eagerly). :meth:`advance` runs steps; ``step``
+    counts them; ``rollbacks`` counts the checks that redid steps.
+
+    The state lives in tensors updated in place (positions ``x``, momenta ``p``, forces ``f``, potential energy
+    ``e``, float64): a captured half-step reads and writes them at fixed addresses.
     """
 
     def __init__(self, atoms, evaluate, neighbor_list, types: torch.Tensor, device, timestep_fs: float = 2.0,
                  ensemble: str = "nve", temperature_K: float = 300.0, friction_per_fs: float = 0.01, seed: int = 0,
-                 check_every: int | None = None, noise=None, on_build=None):
+                 check_every: int | None = None, noise=None, on_build=None, graphs="auto"):
         from ase import units
 
         from .md import check_structure
@@ -84,7 +90,11 @@ class DeviceMD:
         self.ensemble, self.on_build = ensemble, on_build
         self.check_every = int(check_every) if check_every else (
             DEFAULT_CHECK_EVERY if self.device.type == "cuda" else 1)
+        self.graphs = self.device.type == "cuda" if graphs == "auto" else bool(graphs)
+        self._graphs: dict = {}  # "pre"/"post" -> captured half-step
+        self._ran: set = set()  # half-steps run eagerly once (lazy initialisation done before a capture)
         f64 = dict(dtype=torch.float64, device=self.device)
+        n = len(atoms)
         self.dt = timestep_fs * units.fs
         masses = atoms.get_masses()
         self.m = torch.as_tensor(masses[:, None], **f64)  # (N, 1), as ASE's MolecularDynamics keeps them
@@ -92,6 +102,8 @@ class DeviceMD:
         self.total_mass = float(masses.sum())
         self.x = torch.as_tensor(atoms.positions, **f64).clone()
         self.p = torch.as_tensor(atoms.get_momenta(), **f64).clone()
+        self.f = torch.zeros((n, 3), **f64)
+        self.e = torch.zeros((), **f64)
         self.cell_host, self.pbc_host = atoms.cell.array.copy(), atoms.pbc.copy()
         self.cell = torch.as_tensor(self.cell_host, **f64)
         self.pbc = tuple(bool(b) for b in self.pbc_host)
@@ -106,13 +118,20 @@ class DeviceMD:
             self.c3, self.c4, self.c5 = (torch.as_tensor(c, **f64) for c in (c3, fr / 2.0 * c5, c5))
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(int(seed) + 1)
+            # the noise of the steps up to the next check, and which step's is next (read on the device)
+            self._noise = torch.zeros((self.check_every, 2, n, 3), **f64)
+            self._noise_index = torch.zeros(1, dtype=torch.int64, device=self.device)
+            # carried from the first half-step to the second, across the model evaluation
+            self._x_old, self._rnd_pos, self._rnd_vel = (torch.zeros((n, 3), **f64) for _ in range(3))
         self.noise = noise
         self.step = 0
         self.rollbacks = 0
-        self._records = torch.empty((1, 3), **f64)  # per step: potential energy, kinetic energy, finiteness sum
+        self._records = torch.zeros((1, 3), **f64)  # per step: potential energy, kinetic energy, finiteness sum
+        self._index = torch.zeros(1, dtype=torch.int64, device=self.device)  # the step, on the device
         self._moved2 = torch.zeros((), **f64)  # largest squared displacement since the list was built
+        self._x_built = torch.zeros((n, 3), **f64)
         self._check: _Check | None = None
-        self.neighbors = self._x_built = None
+        self.neighbors = None
         self._build()
         self._force()
         self._record()
@@ -133,7 +152,7 @@ class DeviceMD:
     def advance(self, steps: int) -> None:
         """Run ``steps`` more steps; on return every step is checked (finite, no stale list)."""
         end = self.step + steps
-        self._reserve(end)
+        self.reserve(end)
         while self.step < end:
             left = end - self.step
             if self.check_every <= 1 or self.neighbor_list.skin <= 0:
@@ -148,92 +167,133 @@ class DeviceMD:
             else:
                 self._block(k)
 
+    def reserve(self, steps: int) -> None:
+        """Room for the records of ``steps`` steps (a run reserves them up front: growing re-captures)."""
+        if self._records.shape[0] <= steps:
+            grown = torch.zeros((max(steps + 1, 2 * self._records.shape[0]), 3), dtype=torch.float64,
+                                device=self.device)
+            grown[:self._records.shape[0]] = self._records
+            self._records = grown
+            self._graphs.clear()  # they wrote the old buffer
+
     def _block(self, k: int) -> None:
         """k steps on the list as it is, then one check; redone carefully when it finds a problem."""
-        noise = self._draw(k)
-        saved = (self.x.clone(), self.p.clone(), self.f.clone(), self.e.clone(), self._moved2.clone(), self.step)
-        for j in range(k):
-            self._step(noise[j])
-        check, finite = self._read(saved[-1] + 1)
-        skin = self.neighbor_list.last_skin
-        if finite and check.moved2 < (skin / 2) ** 2:
+        self._draw(k)
+        saved = [t.clone() for t in (self.x, self.p, self.f, self.e, self._moved2)], self.step
+        for _ in range(k):
+            self._step()
+        check, finite = self._read(saved[1] + 1)
+        if finite and check.moved2 < (self.neighbor_list.last_skin / 2) ** 2:
             self._check = check
             return
         self.rollbacks += 1
-        self.x, self.p, self.f, self.e, self._moved2, self.step = saved
-        self._careful(k, noise)
+        for t, kept in zip((self.x, self.p, self.f, self.e, self._moved2), saved[0]):
+            t.copy_(kept)
+        self.step = saved[1]
+        self._index.fill_(self.step)
+        self._careful(k, redo=True)
 
-    def _careful(self, k: int, noise=None) -> None:
-        """k steps, each with the list checked on the host before the model runs and its finiteness after."""
-        noise = self._draw(k) if noise is None else noise
-        for j in range(k):
-            self._step(noise[j], careful=True)
+    def _careful(self, k: int, redo: bool = False) -> None:
+        """k steps, each with the list checked on the host before the model runs and its finiteness after.
+        ``redo``: the steps of a block again, on the block's noise."""
+        if redo and self.ensemble == "nvt":
+            self._noise_index.zero_()
+        for _ in range(k):
+            if not redo:
+                self._draw(1)
+            self._step(careful=True)
             self._stop_if_not_finite()
         self._check = None
 
-    def _step(self, noise, careful: bool = False) -> None:
-        if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step, operation for operation
-            self.p = self.p + self.f * (0.5 * self.dt)
-            self.x = self.x + self.p * self.dt / self.m
-        else:
-            x_old, velocity, rnd_pos, rnd_vel = self._langevin_drift(noise)
+    def _step(self, careful: bool = False) -> None:
+        self._half("pre")
         if careful:
             self._list_for_step()
+        self._force()
+        self._half("post")
+        self.step += 1
+
+    def _half(self, name: str) -> None:
+        """The half-step before (``pre``) or after (``post``) the model: replayed, captured, or run eagerly."""
+        graph = self._graphs.get(name)
+        if graph is not None:
+            graph.replay()
+            return
+        run = self._pre if name == "pre" else self._post
+        if not self.graphs or name not in self._ran:
+            run()
+            self._ran.add(name)
+            return
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.device(self.device), torch.cuda.graph(graph):
+                run()  # recorded, not run
+        except Exception as err:  # an op that cannot be captured: the half-steps run eagerly
+            self.graphs = False
+            self._graphs.clear()
+            warnings.warn(f"mlip_accel: the MD half-steps could not be captured as CUDA graphs ({type(err).__name__}: "
+                          f"{err}); they run eagerly", RuntimeWarning, stacklevel=2)
+            run()
+            return
+        self._graphs[name] = graph
+        graph.replay()
+
+    def _pre(self) -> None:
+        """Up to the new positions, and their largest displacement since the list was built."""
+        if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step, operation for operation
+            torch.add(self.p, self.f * (0.5 * self.dt), out=self.p)
+            torch.add(self.x, self.p * self.dt / self.m, out=self.x)
+        else:  # ase.md.langevin.Langevin.step up to its set_positions (FixCom.adjust_positions included)
+            noise = self._noise.index_select(0, self._noise_index)[0]
+            self._noise_index.add_(1)
+            xi, eta = noise[0], noise[1]
+            torch.mul(self.c5, eta, out=self._rnd_pos)
+            torch.sub(self.c3 * xi, self.c4 * eta, out=self._rnd_vel)
+            velocity = self.p / self.m
+            velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + self._rnd_vel)
+            self._x_old.copy_(self.x)
+            x_new = self._x_old + self.dt * velocity + self._rnd_pos
+            # FixCom.adjust_positions: the centre of mass where it was
+            torch.add(x_new, self.m_row @ self._x_old / self.total_mass - self.m_row @ x_new / self.total_mass,
+                      out=self.x)
         moved = self.x - self._x_built
         torch.maximum(self._moved2, (moved * moved).sum(dim=1).max(), out=self._moved2)
-        self._force()
+
+    def _post(self) -> None:
+        """From the new forces to the new momenta, and the step's record."""
         if self.ensemble == "nve":
-            self.p = self.p + self.f * (0.5 * self.dt)
-        else:
-            self._langevin_kick(x_old, velocity, rnd_pos, rnd_vel)
-        self.step += 1
+            torch.add(self.p, self.f * (0.5 * self.dt), out=self.p)
+        else:  # the rest of Langevin.step: velocities from the constrained move, the second kick, set_momenta
+            velocity = (self.x - self._x_old - self._rnd_pos) / self.dt
+            velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + self._rnd_vel)
+            p = velocity * self.m
+            # FixCom.adjust_momenta: no centre-of-mass velocity
+            torch.sub(p, self.m * (p.sum(dim=0) / self.total_mass), out=self.p)
+        self._index.add_(1)
         self._record()
 
-    def _langevin_drift(self, noise):
-        """ase.md.langevin.Langevin.step up to the new positions (FixCom.adjust_positions included)."""
-        xi, eta = noise[0], noise[1]
-        rnd_pos = self.c5 * eta
-        rnd_vel = self.c3 * xi - self.c4 * eta
-        velocity = self.p / self.m
-        velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + rnd_vel)
-        x_old = self.x
-        x_new = x_old + self.dt * velocity + rnd_pos
-        # FixCom.adjust_positions: the centre of mass where it was
-        x_new = x_new + (self.m_row @ x_old / self.total_mass - self.m_row @ x_new / self.total_mass)
-        self.x = x_new
-        return x_old, velocity, rnd_pos, rnd_vel
-
-    def _langevin_kick(self, x_old, velocity, rnd_pos, rnd_vel) -> None:
-        velocity = (self.x - x_old - rnd_pos) / self.dt
-        velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + rnd_vel)
-        p = velocity * self.m
-        self.p = p - self.m * (p.sum(dim=0) / self.total_mass)  # FixCom.adjust_momenta: no centre-of-mass velocity
-
-    def _draw(self, k: int):
+    def _draw(self, k: int) -> None:
+        """The noise of the next k steps into the noise buffer."""
         if self.ensemble == "nve":
-            return [None] * k
+            return
         if self.noise is not None:
-            return self.noise(k)
-        return torch.randn((k, 2) + tuple(self.x.shape), generator=self.generator, dtype=torch.float64,
-                           device=self.device)
+            self._noise[:k].copy_(self.noise(k))
+        else:
+            torch.randn((k,) + tuple(self._noise.shape[1:]), generator=self.generator, dtype=torch.float64,
+                        device=self.device, out=self._noise[:k])
+        self._noise_index.zero_()
 
     def _force(self) -> None:
-        # copy_outputs=False: a graph's own output buffers; read (or copied: snapshots) before its next replay
+        # copied into the state at once: a replayed graph's outputs are overwritten by its next replay
         out = self.evaluate(self.x, self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
-        self.f = out["forces"].to(torch.float64)
-        self.e = out["energy"].to(torch.float64)
+        self.f.copy_(out["forces"])
+        self.e.copy_(out["energy"])
 
     def _record(self) -> None:
         kinetic = (self.p * (self.p / self.m)).sum() * 0.5  # Atoms.get_kinetic_energy
         # any NaN or inf among the forces and energy makes this sum non-finite
-        self._records[self.step] = torch.stack([self.e, kinetic, self.f.sum() + self.e])
-
-    def _reserve(self, steps: int) -> None:
-        if self._records.shape[0] <= steps:
-            grown = torch.empty((max(steps + 1, 2 * self._records.shape[0]), 3), dtype=torch.float64,
-                                device=self.device)
-            grown[:self._records.shape[0]] = self._records
-            self._records = grown
+        row = torch.stack([self.e, kinetic, self.f.sum() + self.e])
+        self._records.index_copy_(0, self._index, row.view(1, 3))
 
     # ---------------------------------------------------------------------------------- neighbour lists
 
@@ -242,7 +302,7 @@ class DeviceMD:
         self._built()
 
     def _built(self) -> None:
-        self._x_built = self.x.clone()
+        self._x_built.copy_(self.x)
         self._moved2.zero_()
         if self._check is not None:
             self._check.moved2 = 0.0
@@ -324,6 +384,7 @@ def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: fl
         md = DeviceMD.from_calculator(atoms, atoms.calc, timestep_fs=timestep_fs, ensemble=ensemble,
                                       temperature_K=temperature_K, friction_per_fs=friction_per_fs, seed=seed,
                                       check_every=check_every)
+    md.reserve(md.step + steps)
     warmup, snapshot_every = timing_plan(steps, snapshots, warmup)
     kept = [atoms.copy()]
     progress = Progress(steps, progress_label) if progress_label is not None else None
