@@ -265,6 +265,64 @@ def test_cli_device_integrator_on_cpu_writes_a_trajectory(capsys, tmp_path):
     assert any(isinstance(c, FixCom) for c in frames[-1].constraints)  # NVT, as the ASE loop writes it
 
 
+def _inject_into_evaluations(monkeypatch, after_calls, action):
+    """Make StepEvaluator.__call__ call ``action(out)`` on its results after its ``after_calls``-th call."""
+    from mlip_accel.integrations.cuda_graphs import StepEvaluator
+
+    original = StepEvaluator.__call__
+    count = {"n": 0}
+
+    def call(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        count["n"] += 1
+        if count["n"] > after_calls:
+            action(out)
+        return out
+    monkeypatch.setattr(StepEvaluator, "__call__", call)
+
+
+def _cli(capsys, *args):
+    code = cli.main(["md", "--threads", "1", "--device", "cpu", "--integrator", "device", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip().splitlines()
+
+
+@pytest.mark.nequip
+def test_cli_device_integrator_nan_forces(capsys, tmp_path, monkeypatch):
+    from ase.io import read
+
+    def poison(out):
+        out["forces"][[5, 9]] = float("inf")
+
+    _inject_into_evaluations(monkeypatch, 8, poison)  # evaluation 0 is the start: the 9th is step 8
+    code, _, err = _cli(capsys, "--steps", "20", "--interval", "5", "--output", str(tmp_path / "r.traj"))
+    assert code == cli.EXIT_BAD_INPUT
+    assert re.search(r"error: step 8: the model gave non-finite forces on atoms 5, 9 .*the run stops here; "
+                     r".*r.traj holds 2 frames \(steps 0-5\)$", err[-1]), err
+    assert len(read(tmp_path / "r.traj", ":")) == 2
+
+
+@pytest.mark.nequip
+def test_cli_device_integrator_sigterm_closes_the_trajectory(capsys, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from ase.io import read
+
+    sent = []
+
+    def send(out):
+        if not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    _inject_into_evaluations(monkeypatch, 7, send)
+    code, _, err = _cli(capsys, "--steps", "50", "--interval", "3", "--output", str(tmp_path / "s.traj"))
+    assert code == 143
+    assert re.search(r"stopped by SIGTERM after step 7 of 50; .*s.traj holds 3 frames \(steps 0-6\)$", err[-1]), err
+    assert len(read(tmp_path / "s.traj", ":")) == 3
+
+
 def test_cli_integrator_default_and_choices():
     parser = cli.build_parser()
     assert parser.parse_args(["md"]).integrator == "auto"
