@@ -548,6 +548,10 @@ def _summary(result, calc, args, out, session: _Session) -> None:
         skin = f"skin {'auto, now ' if calc.neighbor_list.auto else ''}{calc.neighbor_list.skin:g} A"
         print(f"  nlist   : {skin}, {calc.neighbor_list.builds} lists built "
               f"for {result.steps + 1} evaluations", file=out)
+    if result.loop:
+        graphed = ", half-steps graphed" if result.loop["graphs"] else ""
+        print(f"  loop    : device-resident{graphed}; {result.loop['host_reads']} host reads in {result.steps} steps, "
+              f"{result.loop['redone']} checks redid their steps", file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)
     if args.ensemble == "nve":

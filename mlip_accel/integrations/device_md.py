@@ -126,6 +126,7 @@ class DeviceMD:
         self.noise = noise
         self.step = 0
         self.rollbacks = 0
+        self.host_reads = 0  # device-to-host copies that waited for the GPU (checks, careful steps, list builds)
         self._records = torch.zeros((1, 3), **f64)  # per step: potential energy, kinetic energy, finiteness sum
         self._index = torch.zeros(1, dtype=torch.int64, device=self.device)  # the step, on the device
         self._moved2 = torch.zeros((), **f64)  # largest squared displacement since the list was built
@@ -298,6 +299,7 @@ class DeviceMD:
     # ---------------------------------------------------------------------------------- neighbour lists
 
     def _build(self) -> None:
+        self.host_reads += 1
         self.neighbors = self.neighbor_list.build(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
         self._built()
 
@@ -312,6 +314,7 @@ class DeviceMD:
     def _list_for_step(self) -> None:
         """The calculator's own decision: reuse the list while no atom moved skin/2, else build one."""
         builds = self.neighbor_list.builds
+        self.host_reads += 1
         self.neighbors = self.neighbor_list(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
         if self.neighbor_list.builds != builds:
             self._built()
@@ -339,9 +342,11 @@ class DeviceMD:
         accel2 = ((self.f / self.m) ** 2).sum(dim=1).max()
         flat = torch.cat([torch.stack([self._moved2, speed2, accel2]), self._records[first:self.step + 1, 2]])
         flat = flat.cpu().numpy()
+        self.host_reads += 1
         return _Check(*(float(v) for v in flat[:3])), bool(np.isfinite(flat[3:]).all())
 
     def _stop_if_not_finite(self) -> None:
+        self.host_reads += 1
         if not math.isfinite(float(self._records[self.step, 2])):
             raise_if_not_finite(self.f.cpu().numpy(), float(self.e), self.step)
 
@@ -425,7 +430,8 @@ def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: fl
     temperature = 2 * kinetic / (degrees_of_freedom * units.kB) if degrees_of_freedom > 0 else 0 * kinetic
     return MDResult(steps=steps, seconds=seconds, timed_steps=steps - warmup, timestep_fs=timestep_fs,
                     total_energy=(potential + kinetic)[start:], temperature=temperature[start:],
-                    num_atoms=len(atoms), snapshots=kept)
+                    num_atoms=len(atoms), snapshots=kept,
+                    loop={"host_reads": md.host_reads, "redone": md.rollbacks, "graphs": bool(md._graphs)})
 
 
 __all__ = ["DEFAULT_CHECK_EVERY", "DeviceMD", "run_device_md"]

@@ -20,6 +20,7 @@ class MDResult:
     temperature: np.ndarray  # K, after each step
     num_atoms: int
     snapshots: list  # Atoms copies at the start and at every progress tick, for force comparisons
+    loop: dict = dataclasses.field(default_factory=dict)  # the device-resident loop's counts (device_md), else {}
 
     @property
     def steps_per_second(self) -> float:
