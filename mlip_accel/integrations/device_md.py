@@ -21,10 +21,13 @@ check rebuilds the list when the displacement so far plus a bound on the next st
 acceleration x time^2 / 2, with a margin) could reach skin/2. Without a skin every step is careful (the list
 is rebuilt every step); on the CPU too (``check_every=1``: a host read costs nothing there).
 
-The integrators do the floating-point operations of ASE's: NVE those of ``ase.md.verlet.VelocityVerlet``,
-NVT those of ``ase.md.langevin.Langevin(fixcm=False)`` with ``ase.constraints.FixCom`` (the centre of mass
-held: positions and momenta adjusted as FixCom adjusts them), as ``mlip-accel md`` runs it. The thermostat's
-random numbers come from a seeded ``torch.Generator`` on the device (reproducible; not ASE's numpy stream).
+The integrators are ASE's, written as a few fused multiply-adds per half-step: NVE
+``ase.md.verlet.VelocityVerlet``, NVT ``ase.md.langevin.Langevin(fixcm=False)`` with ``ase.constraints.FixCom``
+(the centre of mass held: positions and momenta adjusted as FixCom adjusts them), as ``mlip-accel md`` runs
+it; fed the same forces (and noise) they give ASE's trajectory to rounding (~1e-15 relative over tens of
+steps in fp64). The thermostat's random numbers come from a seeded ``torch.Generator`` on the device
+(reproducible; not ASE's numpy stream). On CUDA the half-steps before and after the model are captured as
+two small CUDA graphs: a step is then three graph replays and three copies.
 """
 from __future__ import annotations
 
@@ -107,22 +110,31 @@ class DeviceMD:
         self.cell_host, self.pbc_host = atoms.cell.array.copy(), atoms.pbc.copy()
         self.cell = torch.as_tensor(self.cell_host, **f64)
         self.pbc = tuple(bool(b) for b in self.pbc_host)
+        # the updates as fused multiply-adds over per-atom columns (N, 1): a few kernels per half-step (each a
+        # launch, and a couple of microseconds of GPU time even inside a graph); ASE's equations, its results to
+        # rounding (~1e-16 per step)
+        self._dt_over_m = self.dt / self.m
+        self._half_over_m = 0.5 / self.m  # kinetic energy
         if ensemble == "nvt":
             # ase.md.langevin.Langevin.updatevars, with the masses as an (N, 1) column
             temp, fr, dt, m = units.kB * temperature_K, friction_per_fs / units.fs, self.dt, masses[:, None]
             sigma = np.sqrt(2 * temp * fr / m)
-            self.c1 = dt / 2.0 - dt * dt * fr / 8.0
+            c1 = dt / 2.0 - dt * dt * fr / 8.0
             self.c2 = dt * fr / 2 - dt * dt * fr * fr / 8.0
             c3 = np.sqrt(dt) * sigma / 2.0 - dt**1.5 * fr * sigma / 8.0
             c5 = dt**1.5 * sigma / (2 * np.sqrt(3))
             self.c3, self.c4, self.c5 = (torch.as_tensor(c, **f64) for c in (c3, fr / 2.0 * c5, c5))
+            self._c1_over_m = torch.as_tensor(c1 / m, **f64)
+            self._keep_over_m = torch.as_tensor((1 - self.c2) / m, **f64)  # v (1 - c2) = p (1 - c2) / m
+            self._mass_share = torch.as_tensor(masses / masses.sum(), **f64)  # centre of mass = mass_share @ x
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(int(seed) + 1)
             # the noise of the steps up to the next check, and which step's is next (read on the device)
             self._noise = torch.zeros((self.check_every, 2, n, 3), **f64)
             self._noise_index = torch.zeros(1, dtype=torch.int64, device=self.device)
-            # carried from the first half-step to the second, across the model evaluation
-            self._x_old, self._rnd_pos, self._rnd_vel = (torch.zeros((n, 3), **f64) for _ in range(3))
+            # carried from the first half-step to the second, across the model evaluation: the random
+            # position and velocity terms and the positions' move
+            self._rnd_pos, self._rnd_vel, self._move = (torch.zeros((n, 3), **f64) for _ in range(3))
         self.noise = noise
         self.step = 0
         self.rollbacks = 0
@@ -241,37 +253,39 @@ class DeviceMD:
 
     def _pre(self) -> None:
         """Up to the new positions, and their largest displacement since the list was built."""
-        if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step, operation for operation
-            torch.add(self.p, self.f * (0.5 * self.dt), out=self.p)
-            torch.add(self.x, self.p * self.dt / self.m, out=self.x)
-        else:  # ase.md.langevin.Langevin.step up to its set_positions (FixCom.adjust_positions included)
-            noise = self._noise.index_select(0, self._noise_index)[0]
+        if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step: p += dt/2 F; x += dt p / m
+            self.p.add_(self.f, alpha=0.5 * self.dt)
+            self.x.addcmul_(self.p, self._dt_over_m)
+        else:  # ase.md.langevin.Langevin.step up to its set_positions, FixCom.adjust_positions included
+            noise = self._noise.index_select(0, self._noise_index)[0]  # (xi, eta) of this step
             self._noise_index.add_(1)
-            xi, eta = noise[0], noise[1]
-            torch.mul(self.c5, eta, out=self._rnd_pos)
-            torch.sub(self.c3 * xi, self.c4 * eta, out=self._rnd_vel)
-            velocity = self.p / self.m
-            velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + self._rnd_vel)
-            self._x_old.copy_(self.x)
-            x_new = self._x_old + self.dt * velocity + self._rnd_pos
-            # FixCom.adjust_positions: the centre of mass where it was
-            torch.add(x_new, self.m_row @ self._x_old / self.total_mass - self.m_row @ x_new / self.total_mass,
-                      out=self.x)
+            torch.mul(self.c5, noise[1], out=self._rnd_pos)  # c5 eta
+            torch.addcmul(self.c3 * noise[0], self.c4, noise[1], value=-1, out=self._rnd_vel)  # c3 xi - c4 eta
+            velocity = self._kick(self.p, self._keep_over_m)  # v + (c1 F / m - c2 v + rnd_vel), v = p / m
+            move = torch.add(self._rnd_pos, velocity, alpha=self.dt, out=self._move)  # dt v + rnd_pos
+            move.sub_(self._mass_share @ move)  # the centre of mass where it was
+            self.x.add_(move)
         moved = self.x - self._x_built
         torch.maximum(self._moved2, (moved * moved).sum(dim=1).max(), out=self._moved2)
 
     def _post(self) -> None:
         """From the new forces to the new momenta, and the step's record."""
         if self.ensemble == "nve":
-            torch.add(self.p, self.f * (0.5 * self.dt), out=self.p)
-        else:  # the rest of Langevin.step: velocities from the constrained move, the second kick, set_momenta
-            velocity = (self.x - self._x_old - self._rnd_pos) / self.dt
-            velocity = velocity + (self.c1 * self.f / self.m - self.c2 * velocity + self._rnd_vel)
+            self.p.add_(self.f, alpha=0.5 * self.dt)
+        else:  # the rest of Langevin.step: the velocity of the (constrained) move, the second kick, set_momenta
+            velocity = self._kick(self._move - self._rnd_pos, (1 - self.c2) / self.dt)  # v = (move - rnd_pos) / dt
             p = velocity * self.m
             # FixCom.adjust_momenta: no centre-of-mass velocity
-            torch.sub(p, self.m * (p.sum(dim=0) / self.total_mass), out=self.p)
+            torch.addcmul(p, self._mass_share[:, None], p.sum(dim=0), value=-1, out=self.p)
         self._index.add_(1)
         self._record()
+
+    def _kick(self, x: torch.Tensor, keep) -> torch.Tensor:
+        """Langevin's velocity update ``v + (c1 F / m - c2 v + rnd_vel)`` as ``rnd_vel + c1/m F + keep x``, where
+        ``keep x`` is ``(1 - c2) v``: ``x`` momenta and ``keep`` (1 - c2) / m per atom, or ``x`` a multiple of v
+        and ``keep`` a number."""
+        kicked = torch.addcmul(self._rnd_vel, self._c1_over_m, self.f)
+        return kicked.addcmul_(keep, x) if isinstance(keep, torch.Tensor) else kicked.add_(x, alpha=keep)
 
     def _draw(self, k: int) -> None:
         """The noise of the next k steps into the noise buffer."""
@@ -291,7 +305,7 @@ class DeviceMD:
         self.e.copy_(out["energy"])
 
     def _record(self) -> None:
-        kinetic = (self.p * (self.p / self.m)).sum() * 0.5  # Atoms.get_kinetic_energy
+        kinetic = (self.p.square() * self._half_over_m).sum()  # Atoms.get_kinetic_energy: sum p^2 / 2m
         # any NaN or inf among the forces and energy makes this sum non-finite
         row = torch.stack([self.e, kinetic, self.f.sum() + self.e])
         self._records.index_copy_(0, self._index, row.view(1, 3))
