@@ -238,6 +238,19 @@ def test_non_finite_forces_stop_at_their_step_with_sound_frames_only(tmp_path, c
     assert all(np.isfinite(f.get_forces()).all() and np.isfinite(f.positions).all() for f in frames)
 
 
+def test_half_steps_that_cannot_be_captured_run_eagerly_after_one_warning():
+    """graphs=True where no capture can work (here: no CUDA): one warning, then the same steps eagerly."""
+    atoms = _crystal(2)
+    initial_velocities(atoms, 300.0, seed=4)
+    eager = _tethered_md(atoms.copy(), _Tethered(atoms.positions), ensemble="nve", check_every=4, graphs=False)
+    with pytest.warns(RuntimeWarning, match="MD half-steps could not be captured as CUDA graphs"):
+        tried = _tethered_md(atoms.copy(), _Tethered(atoms.positions), ensemble="nve", check_every=4, graphs=True)
+        tried.advance(12)
+    eager.advance(12)
+    assert not tried.graphs and not tried._graphs
+    assert torch.equal(tried.x, eager.x) and torch.equal(tried.p, eager.p)
+
+
 def test_unsupported_constraints_are_refused():
     atoms = _crystal(2)
     atoms.set_constraint(FixAtoms(indices=[0]))
