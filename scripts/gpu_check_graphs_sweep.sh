@@ -6,6 +6,7 @@
 #   tests_nequip.log, tests_mace.log, graph_report.jsonl     gpu tests and the numbers they record
 #   md_cli.log, md_cli.json                                   mlip-accel md steps/s: graphs, no graphs, graphs + skin (ASE
 #                                                             loop), and the ASE loop vs the device-resident loop (1000 steps)
+#   profile_device_md.jsonl                                   the device loop's step: GPU busy time, model alone, lists, reads
 #   bench_md_sweep.<framework>.<dtypes>.json, bench_md_sweep.{json,md}   the sweep
 #   summary.txt                                               one line per stage
 # PARTS picks stages (default: all): tests_nequip tests_mace cli sweep_nequip sweep_mace
@@ -64,6 +65,10 @@ if want cli; then
       $flags" >>"$OUT/md_cli.log" 2>&1
     stage "md cli $flags" $?
   done
+  # what bounds the device loop's step: GPU busy time, the model alone, lists built and host reads per 1000 steps
+  timeout 120 bash -c "py_nequip scripts/profile_device_md.py" >"$OUT/profile_device_md.jsonl" 2>"$OUT/profile_device_md.err"
+  stage "profile device md" $?
+  cat "$OUT/profile_device_md.jsonl"
   python3 - "$OUT" <<'EOF'
 import json, re, sys
 text = open(f"{sys.argv[1]}/md_cli.log").read()
