@@ -3,7 +3,8 @@
 (256 Cu atoms, CUDA graphs, default skin): the loop's own steps/s (no trajectory, no progress bar), the GPU's
 busy time per step (torch.profiler: the sum of its kernels and copies), the model evaluation alone (the same
 inputs evaluated back to back: its replay's GPU time when the host keeps ahead), and per 1000 steps the lists
-built, the host reads (each one a wait for the GPU) and the checks that redid their steps.
+built (and of them built ahead, while the GPU worked), the host reads (each one a wait for the GPU) and the
+checks that redid their steps. The profiled steps (a second stretch of --steps) are not in the steps/s.
 
     py_nequip scripts/profile_device_md.py                       # -> one JSON line per ensemble on stdout
     py_nequip scripts/profile_device_md.py --device cpu --steps 10 --repeat 2    # a smoke run
@@ -54,7 +55,7 @@ def profile_run(ensemble: str, args) -> dict:
     device = md.device
     md.reserve(args.warmup + 2 * args.steps)
     md.advance(args.warmup)  # captures, the first lists
-    builds, reads, redone = calc.neighbor_list.builds, md.host_reads, md.rollbacks
+    builds, reads, redone, ahead = calc.neighbor_list.builds, md.host_reads, md.rollbacks, md.prefetched
     _sync(device)
     start = time.perf_counter()
     md.advance(args.steps)
@@ -80,6 +81,7 @@ def profile_run(ensemble: str, args) -> dict:
             "cuda_graphs": calc.cuda_graphs, "check_every": md.check_every,
             "lists_per_1000": round((calc.neighbor_list.builds - builds) * per_1000, 1),
             "host_reads_per_1000": round((md.host_reads - reads) * per_1000, 1),
+            "built_ahead_per_1000": round((md.prefetched - ahead) * per_1000, 1),
             "redone_per_1000": round((md.rollbacks - redone) * per_1000, 1)}
 
 

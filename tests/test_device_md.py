@@ -59,10 +59,11 @@ def _ase_run(atoms, calc, steps, dyn_factory):
     return frames
 
 
-def _device_run(md, steps):
+def _device_run(md, steps, every=1):
+    """(positions, momenta) at steps 0, every, 2 every, ... (advanced ``every`` steps at a time)."""
     frames = [(md.x.numpy().copy(), md.p.numpy().copy())]
-    for _ in range(steps):
-        md.advance(1)
+    for _ in range(steps // every):
+        md.advance(every)
         frames.append((md.x.numpy().copy(), md.p.numpy().copy()))
     return frames
 
@@ -76,33 +77,41 @@ def _assert_same_trajectory(ours, theirs, tol):
 # ---------------------------------------------------------------------------------------------- NVE
 
 @pytest.mark.nequip
-@pytest.mark.parametrize("check_every", [1, 8], ids=["careful", "checks-every-8"])
-def test_nve_equals_ase_velocity_verlet(check_every):
+@pytest.mark.parametrize("check_every, prefetch", [(1, False), (8, False), (8, True)],
+                         ids=["careful", "checks-every-8", "checks-every-8-lists-built-ahead"])
+def test_nve_equals_ase_velocity_verlet(check_every, prefetch):
     from ase.md.verlet import VelocityVerlet
 
     atoms = _hot_copper()
     theirs = _ase_run(atoms, _default_calculator(), STEPS, lambda a: VelocityVerlet(a, DT * units.fs))
     calc = _default_calculator()
-    md = DeviceMD.from_calculator(atoms.copy(), calc, timestep_fs=DT, ensemble="nve", check_every=check_every)
-    ours = _device_run(md, STEPS)
+    md = DeviceMD.from_calculator(atoms.copy(), calc, timestep_fs=DT, ensemble="nve", check_every=check_every,
+                                  prefetch=prefetch)
+    every = check_every if prefetch else 1  # whole blocks: a list is built ahead during a block's last steps
+    ours = _device_run(md, STEPS, every)
     assert calc.neighbor_list.builds >= 3  # the list was rebuilt during the run
-    _assert_same_trajectory(ours, theirs, 1e-10)
+    assert (md.prefetched > 0) == prefetch
+    _assert_same_trajectory(ours, theirs[::every], 1e-10)
     potential, kinetic = md.energies()
     assert rel(potential + kinetic, [e for *_, e in theirs]) <= 1e-10
 
 
 @pytest.mark.nequip
-def test_stale_list_is_never_used_steps_are_redone():
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_stale_list_is_never_used_steps_are_redone(prefetch):
     """A planner that never rebuilds ahead: every stale list is found by a check and its steps redone."""
     from ase.md.verlet import VelocityVerlet
 
     atoms = _hot_copper()
     theirs = _ase_run(atoms, _default_calculator(), STEPS, lambda a: VelocityVerlet(a, DT * units.fs))
     md = DeviceMD.from_calculator(atoms.copy(), _default_calculator(), timestep_fs=DT, ensemble="nve",
-                                  check_every=10)
-    md._safe_steps = lambda wanted: wanted if md.neighbor_list.last_skin > 0 else 0
+                                  check_every=10, prefetch=prefetch)
+    # every list looks good for a whole block; with prefetch, blocks of 3 steps, each a list's last (a list built
+    # ahead during one is used for the next 3 steps: up to 6 steps after its positions, too long at 1500 K)
+    md._safe_steps = lambda wanted, fresh=False: 40 if fresh else 0 if md._list_skin <= 0 else (
+        min(wanted, 3) if prefetch else wanted)
     md.advance(STEPS)
-    assert md.rollbacks >= 1
+    assert md.rollbacks >= 1 and (md.prefetched > 0) == prefetch
     assert rel(md.x.numpy(), theirs[-1][0]) <= 1e-10 and rel(md.p.numpy(), theirs[-1][1]) <= 1e-10
 
 

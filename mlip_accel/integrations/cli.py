@@ -551,7 +551,8 @@ def _summary(result, calc, args, out, session: _Session) -> None:
     if result.loop:
         graphed = ", half-steps graphed" if result.loop["graphs"] else ""
         print(f"  loop    : device-resident{graphed}; {result.loop['host_reads']} host reads in {result.steps} steps, "
-              f"{result.loop['redone']} checks redid their steps", file=out)
+              f"{result.loop['built_ahead']} lists built ahead, {result.loop['redone']} checks redid their steps",
+              file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)
     if args.ensemble == "nve":

@@ -18,8 +18,11 @@ before any step whose atoms moved skin/2 (exactly as :class:`~.ase.AcceleratedCa
 run stopped at the first non-finite step with :class:`~.errors.UnstableDynamicsError`. So no accepted step
 used a stale list, and frames (written at checks) are sound. Checks are planned so that redoing is rare: a
 check rebuilds the list when the displacement so far plus a bound on the next steps' motion (speed x time +
-acceleration x time^2 / 2, with a margin) could reach skin/2. Without a skin every step is careful (the list
-is rebuilt every step); on the CPU too (``check_every=1``: a host read costs nothing there).
+acceleration x time^2 / 2, with a margin) could reach skin/2. On CUDA the next list is built ahead: on the
+host (vesin on the CPU, pinned copies) while the GPU runs the current list's last planned steps, from the
+positions before them; it is checked on the device like any list (displacement since *its* positions).
+Without a skin every step is careful (the list is rebuilt every step); on the CPU too (``check_every=1``: a
+host read costs nothing there).
 
 The integrators are ASE's, written as a few fused multiply-adds per half-step: NVE
 ``ase.md.verlet.VelocityVerlet``, NVT ``ase.md.langevin.Langevin(fixcm=False)`` with ``ase.constraints.FixCom``
@@ -65,9 +68,10 @@ class DeviceMD:
     no other constraint is supported). ``check_every``: steps between host reads (default: 20 on CUDA, 1
     elsewhere). ``noise``: a callable ``noise(k) -> (k, 2, N, 3)`` float64 tensor of standard normals for k
     Langevin steps (tests feed ASE's stream through it); default the seeded generator. ``on_build(neighbors)``:
-    called after each list build. ``graphs``: capture the two half-steps around the model as CUDA graphs
-    ("auto": on CUDA; a failed capture warns and runs them eagerly). :meth:`advance` runs steps; ``step``
-    counts them; ``rollbacks`` counts the checks that redid steps.
+    called when a list is taken into use. ``graphs``: capture the two half-steps around the model as CUDA
+    graphs ("auto": on CUDA; a failed capture warns and runs them eagerly). ``prefetch``: build the next list
+    on the CPU while the GPU runs the current list's last steps ("auto": on CUDA). :meth:`advance` runs steps;
+    ``step`` counts them; ``rollbacks`` counts the checks that redid steps.
 
     The state lives in tensors updated in place (positions ``x``, momenta ``p``, forces ``f``, potential energy
     ``e``, float64): a captured half-step reads and writes them at fixed addresses.
@@ -75,7 +79,7 @@ class DeviceMD:
 
     def __init__(self, atoms, evaluate, neighbor_list, types: torch.Tensor, device, timestep_fs: float = 2.0,
                  ensemble: str = "nve", temperature_K: float = 300.0, friction_per_fs: float = 0.01, seed: int = 0,
-                 check_every: int | None = None, noise=None, on_build=None, graphs="auto"):
+                 check_every: int | None = None, noise=None, on_build=None, graphs="auto", prefetch="auto"):
         from ase import units
 
         from .md import check_structure
@@ -94,6 +98,8 @@ class DeviceMD:
         self.check_every = int(check_every) if check_every else (
             DEFAULT_CHECK_EVERY if self.device.type == "cuda" else 1)
         self.graphs = self.device.type == "cuda" if graphs == "auto" else bool(graphs)
+        self.prefetch = self.device.type == "cuda" if prefetch == "auto" else bool(prefetch)
+        self._pending = None  # (list, its build positions on the device, its skin) built ahead of need
         self._graphs: dict = {}  # "pre"/"post" -> captured half-step
         self._ran: set = set()  # half-steps run eagerly once (lazy initialisation done before a capture)
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -139,12 +145,13 @@ class DeviceMD:
         self.step = 0
         self.rollbacks = 0
         self.host_reads = 0  # device-to-host copies that waited for the GPU (checks, careful steps, list builds)
+        self.prefetched = 0  # lists built ahead, on the host while the GPU worked
         self._records = torch.zeros((1, 3), **f64)  # per step: potential energy, kinetic energy, finiteness sum
         self._index = torch.zeros(1, dtype=torch.int64, device=self.device)  # the step, on the device
         self._moved2 = torch.zeros((), **f64)  # largest squared displacement since the list was built
         self._x_built = torch.zeros((n, 3), **f64)
         self._check: _Check | None = None
-        self.neighbors = None
+        self.neighbors, self._list_skin = None, 0.0  # the list the steps use, and its skin
         self._build()
         self._force()
         self._record()
@@ -171,14 +178,22 @@ class DeviceMD:
             if self.check_every <= 1 or self.neighbor_list.skin <= 0:
                 self._careful(left)  # no skin: a list per step, built from host positions anyway
                 continue
-            k = self._safe_steps(min(left, self.check_every))
+            wanted = min(left, self.check_every)
+            k = self._safe_steps(wanted)
+            if k < wanted and self._pending is not None:  # the list runs out: the one built ahead takes over
+                self._adopt(*self._pending)
+                k = self._safe_steps(wanted)
             if k == 0:
                 self._build()
-                k = self._safe_steps(min(left, self.check_every))
+                k = self._safe_steps(wanted)
             if k == 0:
                 self._careful(1)  # atoms too fast for even one planned step
             else:
-                self._block(k)
+                # the list's last few planned steps (a quarter of a fresh list's): build the next one while the
+                # GPU runs them (it starts its life that many steps early)
+                last = self.prefetch and k < wanted and self._pending is None
+                last = last and k <= max(1, self._safe_steps(4 * self.check_every, fresh=True) // 4)
+                self._block(k, prefetch=last)
 
     def reserve(self, steps: int) -> None:
         """Room for the records of ``steps`` steps (a run reserves them up front: growing re-captures)."""
@@ -189,14 +204,22 @@ class DeviceMD:
             self._records = grown
             self._graphs.clear()  # they wrote the old buffer
 
-    def _block(self, k: int) -> None:
-        """k steps on the list as it is, then one check; redone carefully when it finds a problem."""
+    def _block(self, k: int, prefetch: bool = False) -> None:
+        """k steps on the list as it is, then one check; redone carefully when it finds a problem.
+        ``prefetch``: build the next list from the positions now, on the host while the GPU runs the steps."""
         self._draw(k)
         saved = [t.clone() for t in (self.x, self.p, self.f, self.e, self._moved2)], self.step
+        if prefetch:
+            self.host_reads += 1
+            x_host = self.x.cpu().numpy()  # the GPU has nothing queued here (just after a check): no wait
         for _ in range(k):
             self._step()
+        if prefetch:  # the steps are queued; the host is free until their check
+            pending = self.neighbor_list.build(x_host, self.cell_host, self.pbc_host, on_host=True)
+            self._pending = (pending, saved[0][0], self.neighbor_list.last_skin)
+            self.prefetched += 1
         check, finite = self._read(saved[1] + 1)
-        if finite and check.moved2 < (self.neighbor_list.last_skin / 2) ** 2:
+        if finite and check.moved2 < (self._list_skin / 2) ** 2:
             self._check = check
             return
         self.rollbacks += 1
@@ -314,34 +337,43 @@ class DeviceMD:
 
     def _build(self) -> None:
         self.host_reads += 1
-        self.neighbors = self.neighbor_list.build(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
-        self._built()
-
-    def _built(self) -> None:
-        self._x_built.copy_(self.x)
-        self._moved2.zero_()
+        neighbors = self.neighbor_list.build(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
+        self._adopt(neighbors, self.x, self.neighbor_list.last_skin)
         if self._check is not None:
             self._check.moved2 = 0.0
+
+    def _adopt(self, neighbors, built_at: torch.Tensor, skin: float) -> None:
+        """Take ``neighbors`` into use: built at positions ``built_at`` (device) within cutoff + ``skin``."""
+        self.neighbors, self._list_skin, self._pending = neighbors, skin, None
+        self._x_built.copy_(built_at)
+        moved = self.x - self._x_built  # zero unless the list was built ahead, at earlier positions
+        self._moved2.copy_((moved * moved).sum(dim=1).max())
+        self._check = None if built_at is not self.x else self._check
         if self.on_build is not None:
-            self.on_build(self.neighbors)
+            self.on_build(neighbors)
 
     def _list_for_step(self) -> None:
-        """The calculator's own decision: reuse the list while no atom moved skin/2, else build one."""
-        builds = self.neighbor_list.builds
+        """The calculator's own decision: reuse its last list while no atom moved skin/2 since that list was
+        built, else build one (its last list may be one built ahead: then that one is taken into use)."""
         self.host_reads += 1
-        self.neighbors = self.neighbor_list(self.x.cpu().numpy(), self.cell_host, self.pbc_host)
-        if self.neighbor_list.builds != builds:
-            self._built()
+        x_host = self.x.cpu().numpy()
+        neighbors = self.neighbor_list(x_host, self.cell_host, self.pbc_host)
+        if neighbors is not self.neighbors:
+            built_at = self.neighbor_list.last_positions
+            built_at = self.x if built_at is None else torch.as_tensor(built_at, dtype=torch.float64,
+                                                                       device=self.device)
+            self._adopt(neighbors, built_at, self.neighbor_list.last_skin)
 
-    def _safe_steps(self, wanted: int) -> int:
-        """How many of the next ``wanted`` steps the list is expected to hold for (0: build one first)."""
-        skin = self.neighbor_list.last_skin
+    def _safe_steps(self, wanted: int, fresh: bool = False) -> int:
+        """How many of the next ``wanted`` steps the list is expected to hold for (0: build one first);
+        ``fresh``: a list built now."""
+        skin = self._list_skin
         if skin <= 0:
             return 0
         if self._check is None:
             self._check, _ = self._read(self.step + 1)
         c = self._check
-        moved, speed, accel = math.sqrt(c.moved2), math.sqrt(c.speed2), math.sqrt(c.accel2)
+        moved, speed, accel = 0.0 if fresh else math.sqrt(c.moved2), math.sqrt(c.speed2), math.sqrt(c.accel2)
         for k in range(wanted, 0, -1):
             t = k * self.dt
             if moved + MOTION_MARGIN * (speed * t + 0.5 * accel * t * t) < skin / 2:  # NaN: never true
@@ -445,7 +477,8 @@ def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: fl
     return MDResult(steps=steps, seconds=seconds, timed_steps=steps - warmup, timestep_fs=timestep_fs,
                     total_energy=(potential + kinetic)[start:], temperature=temperature[start:],
                     num_atoms=len(atoms), snapshots=kept,
-                    loop={"host_reads": md.host_reads, "redone": md.rollbacks, "graphs": bool(md._graphs)})
+                    loop={"host_reads": md.host_reads, "redone": md.rollbacks, "graphs": bool(md._graphs),
+                          "built_ahead": md.prefetched})
 
 
 __all__ = ["DEFAULT_CHECK_EVERY", "DeviceMD", "run_device_md"]
