@@ -378,11 +378,11 @@ def test_gpu_device_loop_equals_ase_loop_and_syncs_only_at_checks(graphs):
     # the host waits for the GPU only at its reads: a check (at most one per check_every steps, plus one after a
     # list build) and a list build (positions to the host; the padded list's few syncs); none per step
     built = calc.neighbor_list.builds - builds
-    print(f"syncs {syncs['count']} in 80 steps: {md.host_reads - reads} host reads, {built} lists built, "
-          f"{md.rollbacks - rollbacks} checks redone; {syncs['where']}")
+    print(f"syncs {syncs['count']} in 80 steps: {md.host_reads - reads} host reads, {built} lists built "
+          f"({md.prefetched} ahead in all), {md.rollbacks - rollbacks} checks redone; {syncs['where']}")
     assert md.rollbacks - rollbacks <= 1
     # planned checks come closer together as a list ages (hot atoms: 600 K), but not every step
-    assert md.host_reads - reads <= 40 + 20 * (md.rollbacks - rollbacks)
+    assert md.host_reads - reads <= 60 + 20 * (md.rollbacks - rollbacks)
     assert syncs["count"] <= 2 * (md.host_reads - reads) + 4 * built, syncs
 
 
