@@ -42,8 +42,9 @@ def gpu_busy_ms(fn, device) -> float | None:
         print(f"profile_device_md: no GPU busy time ({type(err).__name__}: {err})", file=sys.stderr)
         return None
     total = 0.0
-    for event in events:
-        total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+    for event in events:  # the kernels and copies themselves (a CPU op's entry would count its kernels again)
+        if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            total += getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
     return total / 1000  # us -> ms
 
 
