@@ -107,8 +107,6 @@ class DeviceMD:
         self.dt = timestep_fs * units.fs
         masses = atoms.get_masses()
         self.m = torch.as_tensor(masses[:, None], **f64)  # (N, 1), as ASE's MolecularDynamics keeps them
-        self.m_row = torch.as_tensor(masses, **f64)
-        self.total_mass = float(masses.sum())
         self.x = torch.as_tensor(atoms.positions, **f64).clone()
         self.p = torch.as_tensor(atoms.get_momenta(), **f64).clone()
         self.f = torch.zeros((n, 3), **f64)
