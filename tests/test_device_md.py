@@ -129,20 +129,23 @@ def _numpy_noise(seed, n):
 
 
 @pytest.mark.nequip
-@pytest.mark.parametrize("friction", [0.0, 0.02])
-def test_nvt_equals_ase_langevin_with_fixcom_on_the_same_noise(friction):
+@pytest.mark.parametrize("friction, prefetch", [(0.0, False), (0.02, False), (0.02, True)],
+                         ids=["friction-0", "friction-0.02", "friction-0.02-lists-built-ahead"])
+def test_nvt_equals_ase_langevin_with_fixcom_on_the_same_noise(friction, prefetch):
     from ase.md.langevin import Langevin
 
-    atoms = _hot_copper(600.0)
+    atoms = _hot_copper(1500.0 if prefetch else 600.0)
     atoms.set_constraint(FixCom())
-    theirs = _ase_run(atoms, _default_calculator(), 20, lambda a: Langevin(
+    theirs = _ase_run(atoms, _default_calculator(), 24, lambda a: Langevin(
         a, DT * units.fs, temperature_K=300.0, friction=friction / units.fs, fixcm=False,
         rng=np.random.default_rng(5)))
     md = DeviceMD.from_calculator(atoms.copy(), _default_calculator(), timestep_fs=DT, ensemble="nvt",
                                   temperature_K=300.0, friction_per_fs=friction, check_every=4,
-                                  noise=_numpy_noise(5, len(atoms)))
-    ours = _device_run(md, 20)
-    _assert_same_trajectory(ours, theirs, 1e-10)
+                                  noise=_numpy_noise(5, len(atoms)), prefetch=prefetch)
+    every = 4 if prefetch else 1
+    ours = _device_run(md, 24, every)
+    assert (md.prefetched > 0) == prefetch
+    _assert_same_trajectory(ours, theirs[::every], 1e-10)
 
 
 class _Tethered:
