@@ -115,6 +115,31 @@ def test_stale_list_is_never_used_steps_are_redone(prefetch):
     assert rel(md.x.numpy(), theirs[-1][0]) <= 1e-10 and rel(md.p.numpy(), theirs[-1][1]) <= 1e-10
 
 
+@pytest.mark.mace
+def test_nve_equals_ase_velocity_verlet_for_a_mace_model():
+    """MACE marks its (float64) positions input as requiring grad: the loop must hand it an alias."""
+    import copy
+
+    import mace_fixtures as M
+    from ase.build import bulk
+    from ase.md.verlet import VelocityVerlet
+
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    atoms.symbols[0] = "O"
+    initial_velocities(atoms, 1500.0, seed=2)
+    model = M.tiny_model(dtype=torch.float64)
+
+    def calculator():
+        return AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                                neighbor_skin=0.3)
+
+    theirs = _ase_run(atoms, calculator(), 12, lambda a: VelocityVerlet(a, DT * units.fs))
+    md = DeviceMD.from_calculator(atoms.copy(), calculator(), timestep_fs=DT, ensemble="nve", check_every=4)
+    _assert_same_trajectory(_device_run(md, 12, 4), theirs[::4], 1e-10)
+
+
 # ---------------------------------------------------------------------------------------------- NVT
 
 def _numpy_noise(seed, n):

@@ -320,8 +320,10 @@ class DeviceMD:
         self._noise_index.zero_()
 
     def _force(self) -> None:
-        # copied into the state at once: a replayed graph's outputs are overwritten by its next replay
-        out = self.evaluate(self.x, self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
+        # an alias of the positions: a model evaluated eagerly may mark its positions input as requiring grad
+        # (MACE does, for forces), which would forbid the in-place updates of x. The results are copied into the
+        # state at once: a replayed graph's outputs are overwritten by its next replay.
+        out = self.evaluate(self.x.detach(), self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
         self.f.copy_(out["forces"])
         self.e.copy_(out["energy"])
 
