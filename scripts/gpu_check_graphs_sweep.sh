@@ -4,7 +4,9 @@
 # (scripts/bench_md_sweep.py, Symmetrix-XL as a MACE peer). Run from the repository root after
 # scripts/fetch_device_wheels.sh; results under $OUT:
 #   tests_nequip.log, tests_mace.log, graph_report.jsonl     gpu tests and the numbers they record
-#   md_cli.log, md_cli.json                                   mlip-accel md steps/s: graphs, no graphs, graphs + skin
+#   md_cli.log, md_cli.json                                   mlip-accel md steps/s: graphs, no graphs, graphs + skin (ASE
+#                                                             loop), and the ASE loop vs the device-resident loop (1000 steps)
+#   profile_device_md.jsonl                                   the device loop's step: GPU busy time, model alone, lists, reads
 #   bench_md_sweep.<framework>.<dtypes>.json, bench_md_sweep.{json,md}   the sweep
 #   summary.txt                                               one line per stage
 # PARTS picks stages (default: all): tests_nequip tests_mace cli sweep_nequip sweep_mace
@@ -35,7 +37,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 
 if want tests_nequip; then
-  (cd tests && timeout 200 bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" test_graph_cache.py test_cuda_graphs.py' 2>&1) \
+  (cd tests && timeout 200 bash -c 'py_nequip -m pytest -q -rfEs -p no:cacheprovider -m "gpu and not mace" test_graph_cache.py test_cuda_graphs.py test_device_md.py' 2>&1) \
     | tee "$OUT/tests_nequip.log" | tail -25
   stage "gpu tests (nequip)" "${PIPESTATUS[0]}"
 fi
@@ -47,12 +49,26 @@ fi
 
 if want cli; then
   : >"$OUT/md_cli.log"
+  # the ASE loop (--integrator ase: the default before the device-resident loop), 300 steps
   for flags in "--cuda-graphs --neighbor-skin 0" "--no-cuda-graphs" "--cuda-graphs" "--cuda-graphs --neighbor-skin 0.5"; do
-    echo "### mlip-accel md $flags" >>"$OUT/md_cli.log"
-    timeout 60 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 300 --output none --quiet $flags" \
-      >>"$OUT/md_cli.log" 2>&1
+    echo "### mlip-accel md $flags --integrator ase" >>"$OUT/md_cli.log"
+    timeout 60 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 300 --output none --quiet \
+      $flags --integrator ase" >>"$OUT/md_cli.log" 2>&1
+    stage "md cli $flags --integrator ase" $?
+  done
+  # the issue's target (>= 1000 steps/s on the default model): the device-resident loop against the ASE loop,
+  # both graphed with the default skin, 1000 steps (a 1000-steps/s run lasts a second: fewer would time noise)
+  for flags in "--cuda-graphs --integrator device" "--cuda-graphs --integrator ase" \
+               "--cuda-graphs --integrator device --ensemble nve"; do
+    echo "### mlip-accel md $flags --steps 1000" >>"$OUT/md_cli.log"
+    timeout 60 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 1000 --output none --quiet \
+      $flags" >>"$OUT/md_cli.log" 2>&1
     stage "md cli $flags" $?
   done
+  # what bounds the device loop's step: GPU busy time, the model alone, lists built and host reads per 1000 steps
+  timeout 120 bash -c "py_nequip scripts/profile_device_md.py" >"$OUT/profile_device_md.jsonl" 2>"$OUT/profile_device_md.err"
+  stage "profile device md" $?
+  cat "$OUT/profile_device_md.jsonl"
   python3 - "$OUT" <<'EOF'
 import json, re, sys
 text = open(f"{sys.argv[1]}/md_cli.log").read()

@@ -267,3 +267,14 @@ def test_bench_edge_stream_tiny_cpu_run(tmp_path):
     assert all(c["status"] == "ok" for c in out["cases"]), out["cases"]
     assert out["cases"][1]["force_rel_err"] <= 1e-12
     assert (tmp_path / f"edge_stream.{framework}.json").is_file()
+
+
+@pytest.mark.nequip
+def test_profile_device_md_smoke(capsys):
+    pytest.importorskip("vesin")
+    import profile_device_md
+
+    profile_device_md.main(["--device", "cpu", "--steps", "3", "--warmup", "1", "--repeat", "2", "--ensembles", "nvt"])
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["ensemble"] == "nvt" and row["atoms"] == 32 and row["steps_per_s"] > 0
+    assert row["gpu_busy_ms_per_step"] is None and row["lists_per_1000"] > 0  # no skin on the CPU: a list per step

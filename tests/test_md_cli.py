@@ -166,9 +166,10 @@ def files(tmp_path):
     (["--device", "tpu"], "device must be 'auto', 'cpu' or 'cuda"),
     (["--neighbor-skin", "-0.5"], "--neighbor-skin: expected a number >= 0, got '-0.5'"),
     (["--neighbor-skin", "nan"], "--neighbor-skin: expected a finite number, got 'nan'"),
+    (["--integrator", "gpu"], "--integrator: invalid choice: 'gpu'"),
 ], ids=["missing-structure", "unreadable-structure", "missing-model", "unsupported-model", "compiled-nequip",
         "model-is-directory", "steps", "timestep", "temperature", "ensemble", "dtype", "unknown-option", "device",
-        "negative-skin", "nan-skin"])
+        "negative-skin", "nan-skin", "integrator"])
 def test_bad_input_is_one_line(capsys, files, args, pattern):
     code, _, err = run_inprocess(capsys, *[a.format(d=files) for a in args])
     assert_one_line_error(code, err, pattern)

@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build the neighbour list within the cutoff + A and reuse it until an atom has moved "
                          "A/2 (exact: the extra edges contribute zero); 0: a new list every step; default auto: "
                          "0.5 with CUDA graphs on systems up to 100,000 edges, else 0")
+    md.add_argument("--integrator", choices=("auto", "device", "ase"), default="auto",
+                    help="device: the MD loop stays on the model's device (positions, momenta, forces as device "
+                         "tensors; the host reads them every few steps); ase: ASE's Langevin/VelocityVerlet with the "
+                         "calculator; default auto: device on CUDA, ase on the CPU")
     md.add_argument("--compare", action="store_true",
                     help="also run the unaccelerated (e3nn) model for the same steps: speedup and force difference "
                          "(that run writes no trajectory)")
@@ -378,7 +382,15 @@ def _open_trajectory(args, atoms, session: _Session):
     return _CountingTrajectory(trajectory, session)
 
 
-def _run(atoms, calc, args, label, session: _Session):
+def use_device_integrator(args, calc) -> bool:
+    """``--integrator``: device or ase as asked; auto: the device loop where the model runs on CUDA."""
+    if args.integrator == "auto":
+        return calc.potential.device.type == "cuda"
+    return args.integrator == "device"
+
+
+def _run(atoms, calc, args, label, session: _Session, device_loop: bool = False):
+    from .device_md import run_device_md
     from .md import initial_velocities, run_md
 
     atoms = atoms.copy()
@@ -387,8 +399,9 @@ def _run(atoms, calc, args, label, session: _Session):
     trajectory = _open_trajectory(args, atoms, session) if label == "mlip_accel" else None
     session.md_running = session.md_started = True
     session.stop_reason = None
+    loop = run_device_md if device_loop else run_md  # the same arguments and result
     try:
-        result = run_md(atoms, args.steps, timestep_fs=args.timestep, temperature_K=args.temperature,
+        result = loop(atoms, args.steps, timestep_fs=args.timestep, temperature_K=args.temperature,
                         ensemble=args.ensemble, friction_per_fs=args.friction, seed=args.seed, trajectory=trajectory,
                         trajectory_interval=args.interval, progress_label=None if args.quiet else f"{label:>10} ",
                         should_stop=session.should_stop)
@@ -471,10 +484,13 @@ def run_md_command(args, session: _Session | None = None) -> int:
             threads_text += " (--threads N for more)"
     print(f"  device  : {device}{note}{threads_text}", file=out)
     print(f"  backend : {_backend_text(calc)}", file=out)
-    print(f"  run     : {args.ensemble.upper()}, {args.steps} steps of {args.timestep:g} fs at {args.temperature:g} K",
-          file=out)
+    # auto leaves structures with constraints (a FixAtoms read from a file) to ASE, which applies them
+    device_loop = use_device_integrator(args, calc) and not (args.integrator == "auto" and atoms.constraints)
+    integrator = "device-resident loop" if device_loop else "ASE"
+    print(f"  run     : {args.ensemble.upper()}, {args.steps} steps of {args.timestep:g} fs at {args.temperature:g} K, "
+          f"{integrator} integrator", file=out)
     print(f"  output  : {_output_text(args)}", file=out, flush=True)
-    result = _run(atoms, calc, args, "mlip_accel" if accelerated else "e3nn", session)
+    result = _run(atoms, calc, args, "mlip_accel" if accelerated else "e3nn", session, device_loop)
     _summary(result, calc, args, out, session)
     if args.compare:
         if not accelerated:
@@ -532,6 +548,11 @@ def _summary(result, calc, args, out, session: _Session) -> None:
         skin = f"skin {'auto, now ' if calc.neighbor_list.auto else ''}{calc.neighbor_list.skin:g} A"
         print(f"  nlist   : {skin}, {calc.neighbor_list.builds} lists built "
               f"for {result.steps + 1} evaluations", file=out)
+    if result.loop:
+        graphed = ", half-steps graphed" if result.loop["graphs"] else ""
+        print(f"  loop    : device-resident{graphed}; {result.loop['host_reads']} host reads in {result.steps} steps, "
+              f"{result.loop['built_ahead']} lists built ahead, {result.loop['redone']} checks redid their steps",
+              file=out)
     print(f"  speed   : {result.steps_per_second:.2f} steps/s, {result.ns_per_day:.3f} ns/day "
           f"({result.timed_steps} timed steps, {result.steps - result.timed_steps} warm-up)", file=out)
     if args.ensemble == "nve":

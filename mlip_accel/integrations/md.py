@@ -20,6 +20,7 @@ class MDResult:
     temperature: np.ndarray  # K, after each step
     num_atoms: int
     snapshots: list  # Atoms copies at the start and at every progress tick, for force comparisons
+    loop: dict = dataclasses.field(default_factory=dict)  # the device-resident loop's counts (device_md), else {}
 
     @property
     def steps_per_second(self) -> float:
@@ -135,16 +136,25 @@ def initial_velocities(atoms, temperature_K: float, seed: int) -> None:
 
 def check_finite(atoms, step: int) -> None:
     """Raise UnstableDynamicsError when the energy or forces of ``atoms`` (from its calculator) are not finite."""
+    forces = atoms.get_forces(apply_constraint=False)  # FixCom would spread one atom's NaN over all
+    raise_if_not_finite(forces, atoms.get_potential_energy(), step)
+
+
+def raise_if_not_finite(forces: np.ndarray, energy: float, step: int) -> None:
+    """UnstableDynamicsError naming ``step`` and the atoms when ``forces`` (N, 3) or ``energy`` are not finite."""
     from .errors import UnstableDynamicsError
 
-    forces = atoms.get_forces(apply_constraint=False)  # FixCom would spread one atom's NaN over all
-    energy = atoms.get_potential_energy()
     bad = np.flatnonzero(~np.isfinite(forces).all(axis=1))
     if bad.size:
         raise UnstableDynamicsError(f"step {step}: the model gave non-finite forces on atoms {_atom_list(bad)} "
                                     f"(energy {energy:.6g} eV); the run stops here")
     if not np.isfinite(energy):
         raise UnstableDynamicsError(f"step {step}: the model gave a non-finite energy ({energy}); the run stops here")
+
+
+def timing_plan(steps: int, snapshots: int, warmup: int | None) -> tuple[int, int]:
+    """(untimed warm-up steps: default 10 % up to 5, steps between kept snapshots) of a run."""
+    return (min(5, steps // 10) if warmup is None else warmup), max(1, steps // max(snapshots, 1))
 
 
 def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 300.0, ensemble: str = "nvt",
@@ -177,9 +187,7 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
         dyn = VelocityVerlet(atoms, timestep_fs * units.fs)
     else:
         raise ValueError(f"ensemble must be 'nvt' or 'nve', got {ensemble!r}")
-    if warmup is None:
-        warmup = min(5, steps // 10)
-    snapshot_every = max(1, steps // max(snapshots, 1))
+    warmup, snapshot_every = timing_plan(steps, snapshots, warmup)
     energies, temperatures, kept = [], [], [atoms.copy()]
     progress = Progress(steps, progress_label) if progress_label is not None else None
     clock = {"t0": None}

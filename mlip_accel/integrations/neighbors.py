@@ -121,15 +121,32 @@ class NeighborList:
         # strict: a pair at exactly cutoff + skin at the build is outside the list
         return bool(moved.size == 0 or moved.max() < (skin / 2) ** 2)
 
+    @property
+    def last_skin(self) -> float:
+        """The skin of the last list built (0 when none was built, or it was built without a skin and so holds
+        only for the positions it was built at)."""
+        return self._built[4] if self._built is not None else 0.0
+
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc) -> Neighbors:
-        positions = np.ascontiguousarray(positions, dtype=np.float64)
-        cell = np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3)
-        pbc = np.broadcast_to(np.asarray(pbc, dtype=bool), (3,))
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
         if self.skin > 0 and self.reusable(positions, cell, pbc):
             return self._built[3]
+        return self.build(positions, cell, pbc)
+
+    @property
+    def last_positions(self) -> np.ndarray | None:
+        """The positions the last list with a skin was built at (None: no such list)."""
+        return self._built[0] if self._built is not None else None
+
+    def build(self, positions: np.ndarray, cell: np.ndarray, pbc, on_host: bool = False) -> Neighbors:
+        """A new list at these positions, whether or not the last one could still be used (a caller that checks
+        reuse itself: the device-resident MD loop, :mod:`.device_md`). ``on_host``: build it on the CPU even
+        where the GPU could, and send it to the device without waiting for the GPU (a list built ahead while
+        the GPU works)."""
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
         check_cell(cell, pbc)
         skin = self.skin
-        neighbors = self._build(positions, cell, pbc, skin)
+        neighbors = self._build(positions, cell, pbc, skin, on_host)
         self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors, skin) if skin > 0 else None
         if self.auto:
             # edges within the cutoff, estimated from a list within cutoff + skin by the volume ratio
@@ -137,10 +154,11 @@ class NeighborList:
             self.skin = AUTO_SKIN if within <= AUTO_SKIN_MAX_EDGES else 0.0
         return neighbors
 
-    def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0) -> Neighbors:
+    def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0,
+               on_host: bool = False) -> Neighbors:
         self.builds += 1
         self._current = self._lists(self.cutoff + skin)  # the (CPU, GPU) vesin lists the computes use
-        if self.on_gpu:
+        if self.on_gpu and not on_host:
             try:
                 gpu = self._compute_gpu(positions, cell, pbc)
             except Exception as err:  # vesin built without CUDA, CuPy missing or for another CUDA: CPU works
@@ -164,9 +182,7 @@ class NeighborList:
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
         i, j, shifts = self._current[0].compute(positions, cell, pbc, quantities="ijS", copy=True)
-        return Neighbors(receivers=torch.from_numpy(i.astype(np.int64)).to(self.device),
-                         senders=torch.from_numpy(j.astype(np.int64)).to(self.device),
-                         unit_shifts=torch.from_numpy(shifts.astype(np.int64)).to(self.device))
+        return Neighbors(*(_to_device(a, self.device) for a in (i, j, shifts)))
 
     def _compute_gpu(self, positions, cell, pbc) -> Neighbors:
         import cupy
@@ -181,6 +197,20 @@ class NeighborList:
             i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
         return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An int64 copy of ``array`` on ``device``; to a GPU through pinned memory, so that the copy does not wait
+    for the work queued on the GPU (a copy from pageable memory does)."""
+    tensor = torch.from_numpy(array.astype(np.int64))
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def _host_inputs(positions, cell, pbc) -> tuple:
+    return (np.ascontiguousarray(positions, dtype=np.float64),
+            np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3), np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
 
 
 def _torch_allocator(device: torch.device):
