@@ -97,6 +97,35 @@ def test_nve_equals_ase_velocity_verlet(check_every, prefetch):
 
 
 @pytest.mark.nequip
+def test_graph_replayed_directly_between_list_changes_equals_ase():
+    """With graphs (the cache's bookkeeping on the CPU: helpers.CpuGraphCache), steps on an unchanged list replay
+    its graph with new positions only (cuda_graphs.Replay); the trajectory is still ASE's, and a parameter edit
+    mid-run is seen at the next block (the evaluator runs again, on the new weights)."""
+    from ase.md.verlet import VelocityVerlet
+
+    from helpers import cpu_graphed
+
+    atoms = _hot_copper()
+    theirs = _ase_run(atoms, _default_calculator(), STEPS, lambda a: VelocityVerlet(a, DT * units.fs))
+    calc = _default_calculator()
+    cache = cpu_graphed(calc)
+    md = DeviceMD.from_calculator(atoms.copy(), calc, timestep_fs=DT, ensemble="nve", check_every=4,
+                                  prefetch=False)
+    calls = []
+    evaluate = md.evaluate
+    md.evaluate = lambda *a, **k: calls.append(1) or evaluate(*a, **k)
+    md.evaluate.replayer = evaluate.replayer
+    _assert_same_trajectory(_device_run(md, STEPS, 4), theirs[::4], 1e-10)
+    assert cache.replays == STEPS + 1 and len(calls) < STEPS + 1  # some steps replayed directly
+    with torch.no_grad():
+        next(calc.potential.model.parameters()).mul_(1.5)
+    assert not md._replay[1].valid()
+    before = len(calls)
+    md.advance(1)
+    assert len(calls) == before + 1  # the evaluator again: its graphs see the new parameters
+
+
+@pytest.mark.nequip
 @pytest.mark.parametrize("prefetch", [False, True])
 def test_stale_list_is_never_used_steps_are_redone(prefetch):
     """A planner that never rebuilds ahead: every stale list is found by a check and its steps redone."""

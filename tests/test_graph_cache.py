@@ -22,7 +22,8 @@ pytest.importorskip("ase")
 pytest.importorskip("vesin")
 
 from mlip_accel.integrations import cuda_graphs as CG  # noqa: E402
-from helpers import default_model_calculator, graph_report as report, max_rel as rel  # noqa: E402
+from helpers import (CpuGraphCache, cpu_graphed, default_model_calculator, graph_report as report,  # noqa: E402
+                     max_rel as rel)
 from mlip_accel.integrations.ase import AcceleratedCalculator  # noqa: E402
 from mlip_accel.integrations.errors import InputError  # noqa: E402
 from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
@@ -136,37 +137,6 @@ def test_step_evaluator_limits_by_mode():
         CG.StepEvaluator(Fake(), cuda_graphs=True)
 
 
-class _ReplayByRunning:
-    """Stands in for a CUDA graph on a CPU: a replay runs the evaluation on the static input buffers and writes
-    the static outputs, as a real replay would."""
-
-    def __init__(self, step, outputs):
-        self.step, self.outputs = step, outputs
-
-    def replay(self):
-        for key, value in self.step().items():
-            self.outputs[key].copy_(value)
-
-    def reset(self):
-        pass
-
-
-class _CpuGraphCache(CG.GraphCache):
-    """The graph cache with its CUDA capture replaced (_record): everything else, which inputs are copied into
-    the static buffers and when, which graph is replayed, runs as on a GPU."""
-
-    def _record(self, step, inputs, device):
-        outputs = step()
-        return _ReplayByRunning(step, outputs), outputs, 0
-
-
-def _cpu_graphed(calc):
-    evaluator = calc.evaluator
-    evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
-    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
-    return evaluator.graphs
-
-
 @pytest.mark.nequip
 @pytest.mark.parametrize("skin", [0.0, 0.5])
 def test_graph_cache_input_buffers_never_go_stale(skin):
@@ -182,7 +152,7 @@ def test_graph_cache_input_buffers_never_go_stale(skin):
     eager = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference", pad_edges=False)
     graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
                                                neighbor_skin=skin)
-    cache = _cpu_graphed(graphed)
+    cache = cpu_graphed(graphed)
     graphed.evaluator.capacity = EdgeCapacity(headroom=1.0, growth=1.05)  # any new edge grows it
     atoms = two_element_structures("Cu", "Ag")["cell"].copy()
     atoms.calc = eager
@@ -216,7 +186,7 @@ def test_step_evaluator_sees_in_place_edits_through_torch():
     positions, cell, pbc, types, neighbors = _inputs(calc, atoms)
     evaluator = CG.StepEvaluator(calc.potential, cuda_graphs=False)
     evaluator.pad_edges, evaluator._pad_for_graphs_only = True, True
-    evaluator.graphs = _CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
+    evaluator.graphs = CpuGraphCache(calc.potential, max_graph_edges=10 ** 9, warn_large=False)
     first = evaluator(positions, cell, pbc, types, neighbors, stress=True)
     again = evaluator(positions, cell, pbc, types, neighbors, stress=True, copy_outputs=False)
     assert evaluator.graphs.replays == 2 and rel(again["forces"], first["forces"]) <= RELATIVE

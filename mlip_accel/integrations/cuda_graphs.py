@@ -148,6 +148,30 @@ class _Graph:
     sources: dict  # name -> (the tensor last copied into the input buffer, its version counter then)
 
 
+class Replay:
+    """One captured evaluation replayed with new positions and nothing else: the cell, types and (padded)
+    edges of the call that made it. For a loop that owns its inputs (the device-resident MD loop: a step's
+    host work is then one copy and one replay, not the evaluator's bookkeeping). :meth:`valid` says whether
+    the graph is still the cache's and the model's parameters unchanged since; ask it before a run of steps."""
+
+    def __init__(self, cache: "GraphCache", key, entry, fingerprint):
+        self.cache, self.key, self.entry, self.fingerprint = cache, key, entry, fingerprint
+
+    def valid(self) -> bool:
+        cache = self.cache
+        return (cache.disabled is None and cache._graphs.get(self.key) is self.entry
+                and cache._tensors.model is cache.potential.model and cache._tensors.fingerprint() == self.fingerprint)
+
+    def __call__(self, positions: torch.Tensor) -> dict:
+        """Energy, per-atom energies, forces (, stress): the graph's own output tensors, overwritten by its next
+        replay."""
+        with torch.no_grad():
+            self.entry.inputs["positions"].copy_(positions)
+        self.entry.graph.replay()
+        self.cache.replays += 1
+        return self.entry.outputs
+
+
 class GraphCache:
     """Captured evaluations of one potential, keyed by shapes and outputs; see the module docstring."""
 
@@ -170,6 +194,7 @@ class GraphCache:
         self.disabled: str | None = None  # why graphs are off for good (a failed capture), else None
         self.captures = 0  # diagnostics, tests
         self.replays = 0
+        self.last_entry = None  # (key, entry) of the last replay, for replayer()
         self.eager_large = 0  # calls run eagerly because their list was above max_graph_edges
         self._warned_large = False
 
@@ -201,6 +226,7 @@ class GraphCache:
         for entry in self._graphs.values():
             entry.graph.reset()
         self._graphs.clear()
+        self.last_entry = None
         # the old pool is released once its last graph is gone; torch refuses to capture into a released pool
         # that still exists, so the next capture starts a new one
         self._pool, self._pool_nbytes = None, 0
@@ -251,9 +277,16 @@ class GraphCache:
                         entry.sources[name] = (source, _version(source)) if name in kept else None
         entry.graph.replay()
         self.replays += 1
+        self.last_entry = (key, entry)
         if not copy_outputs:
             return dict(entry.outputs)
         return {k: v.clone() for k, v in entry.outputs.items()}
+
+    def replayer(self) -> "Replay | None":
+        """The graph of the last :meth:`run`, to replay with new positions only (see :class:`Replay`)."""
+        if self.last_entry is None or self.disabled is not None:
+            return None
+        return Replay(self, *self.last_entry, self._fingerprint)
 
     def _evict(self) -> None:
         # With a shared pool, dropping a graph leaves its memory in the pool for the next capture to reuse
@@ -379,6 +412,7 @@ class StepEvaluator:
         self._padding_key = self._padding_value = None
         self._tail = None
         self._padded = None  # the last padding made (see __call__), reused for the same unedited list
+        self._replayed = False  # whether the last call replayed a graph (replayer())
 
     @property
     def cuda_graphs(self) -> bool:
@@ -413,6 +447,7 @@ class StepEvaluator:
         pbc = tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
         periodic = any(pbc)
         self.num_edges = neighbors.num_edges
+        self._replayed = False
         if not self.pad_edges:
             self.edge_capacity = neighbors.num_edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
@@ -439,9 +474,15 @@ class StepEvaluator:
             out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress,
                                   copy_outputs=copy_outputs, own_edges=padded is not neighbors)
             if out is not None:
+                self._replayed = True
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
 
+    def replayer(self):
+        """The last call's graph as a :class:`Replay` (new positions, everything else as in that call), or
+        None when the last call did not replay a graph."""
+        return self.graphs.replayer() if self._replayed else None
 
-__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "StepEvaluator", "break_even_edges",
+
+__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay", "StepEvaluator", "break_even_edges",
            "parameter_fingerprint", "resolve_cuda_graphs"]

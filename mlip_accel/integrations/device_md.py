@@ -18,7 +18,8 @@ before any step whose atoms moved skin/2 (exactly as :class:`~.ase.AcceleratedCa
 run stopped at the first non-finite step with :class:`~.errors.UnstableDynamicsError`. So no accepted step
 used a stale list, and frames (written at checks) are sound. Checks are planned so that redoing is rare: a
 check rebuilds the list when the displacement so far plus a bound on the next steps' motion (speed x time +
-acceleration x time^2 / 2, with a margin) could reach skin/2. On CUDA the next list is built ahead: on the
+acceleration x time^2 / 2, with a margin; once the list has an age, the smaller of that and its observed
+growth, displacement / age x steps) could reach skin/2. On CUDA the next list is built ahead: on the
 host (vesin on the CPU, pinned copies) while the GPU runs the current list's last planned steps, from the
 positions before them; it is checked on the device like any list (displacement since *its* positions).
 Without a skin every step is careful (the list is rebuilt every step); on the CPU too (``check_every=1``: a
@@ -141,6 +142,8 @@ class DeviceMD:
             self._rnd_pos, self._rnd_vel, self._move = (torch.zeros((n, 3), **f64) for _ in range(3))
         self.noise = noise
         self.step = 0
+        self._replay = None  # (neighbour list, cuda_graphs.Replay) of the last replayed evaluation
+        self._adopted_at = 0  # the step the list in use was taken into use at
         self.rollbacks = 0
         self.host_reads = 0  # device-to-host copies that waited for the GPU (checks, careful steps, list builds)
         self.prefetched = 0  # lists built ahead, on the host while the GPU worked
@@ -172,6 +175,8 @@ class DeviceMD:
         end = self.step + steps
         self.reserve(end)
         while self.step < end:
+            if self._replay is not None and not self._replay[1].valid():  # new parameters, an evicted graph
+                self._replay = None
             left = end - self.step
             if self.check_every <= 1 or self.neighbor_list.skin <= 0:
                 self._careful(left)  # no skin: a list per step, built from host positions anyway
@@ -323,7 +328,15 @@ class DeviceMD:
         # an alias of the positions: a model evaluated eagerly may mark its positions input as requiring grad
         # (MACE does, for forces), which would forbid the in-place updates of x. The results are copied into the
         # state at once: a replayed graph's outputs are overwritten by its next replay.
-        out = self.evaluate(self.x.detach(), self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
+        # The same list as the last replayed evaluation: its graph replayed with the new positions directly (one
+        # copy and one replay of host work instead of the evaluator's bookkeeping; checked valid per block).
+        if self._replay is not None and self._replay[0] is self.neighbors:
+            out = self._replay[1](self.x)
+        else:
+            out = self.evaluate(self.x.detach(), self.cell, self.pbc, self.types, self.neighbors, copy_outputs=False)
+            replayer = getattr(self.evaluate, "replayer", None)
+            replay = replayer() if replayer is not None else None
+            self._replay = (self.neighbors, replay) if replay is not None else None
         self.f.copy_(out["forces"])
         self.e.copy_(out["energy"])
 
@@ -345,6 +358,7 @@ class DeviceMD:
     def _adopt(self, neighbors, built_at: torch.Tensor, skin: float) -> None:
         """Take ``neighbors`` into use: built at positions ``built_at`` (device) within cutoff + ``skin``."""
         self.neighbors, self._list_skin, self._pending = neighbors, skin, None
+        self._adopted_at = self.step  # the list's age in steps, for the planner's observed growth
         self._x_built.copy_(built_at)
         moved = self.x - self._x_built  # zero unless the list was built ahead, at earlier positions
         self._moved2.copy_((moved * moved).sum(dim=1).max())
@@ -374,9 +388,15 @@ class DeviceMD:
             self._check, _ = self._read(self.step + 1)
         c = self._check
         moved, speed, accel = 0.0 if fresh else math.sqrt(c.moved2), math.sqrt(c.speed2), math.sqrt(c.accel2)
+        # the observed growth: the largest displacement grew by `moved` over the list's `age` steps. In a solid
+        # or a liquid it grows far slower than the fastest atom's speed says (atoms turn round), so once a list
+        # has an age its own history plans the next block; a wrong plan costs a redo, never a stale step
+        age = 0 if fresh else self.step - self._adopted_at
+        rate = moved / age if age > 0 else math.inf
         for k in range(wanted, 0, -1):
             t = k * self.dt
-            if moved + MOTION_MARGIN * (speed * t + 0.5 * accel * t * t) < skin / 2:  # NaN: never true
+            bound = MOTION_MARGIN * min(speed * t + 0.5 * accel * t * t, rate * k)
+            if moved + bound < skin / 2:  # NaN: never true
                 return k
         return 0
 
