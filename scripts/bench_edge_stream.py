@@ -96,7 +96,7 @@ def main(argv=None):
                     data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
                     result = bench_md.time_steps(potential, data, device, 0.0 if args.tiny else args.min_seconds,
                                                  3 if args.tiny else 50)
-                    case.update(status="ok", **bench_md._errors(result, reference))
+                    case.update(status="ok", **bench_md.errors_vs_reference(result, reference))
                     reference = reference or result
                     case.update({k: v for k, v in result.items() if not k.startswith("_")})
                 except torch.cuda.OutOfMemoryError:

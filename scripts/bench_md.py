@@ -206,7 +206,9 @@ def profile_step(potential, data: dict, device, rows: int = 20) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
-def _errors(result: dict, reference: dict | None) -> dict:
+def errors_vs_reference(result: dict, reference: dict | None) -> dict:
+    """Force (relative, absolute) and energy errors of a timed case's last outputs against the reference's
+    (scripts/bench_edge_stream.py uses it too)."""
     if reference is None:
         return {}
     f, fr = result["_forces"], reference["_forces"]
@@ -268,7 +270,7 @@ def run_framework(args) -> dict:
                 try:
                     data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
                     result = time_steps(potential, data, device, min_seconds, max_reps)
-                    case.update(status="ok", **_errors(result, references.get(name)))
+                    case.update(status="ok", **errors_vs_reference(result, references.get(name)))
                     if impl == "e3nn":
                         references[name] = result
                     case.update({k: v for k, v in result.items() if not k.startswith("_")})

@@ -6,7 +6,7 @@
 #   nequip    every `gpu` test in the NequIP environment (e3nn 0.6, nequip 0.19)
 #   mace      every `gpu` test in the MACE environment (e3nn 0.4.4, mace-torch 0.3.16)
 #   symcon    scripts/bench_symcon.py: MACE product blocks, e3nn vs cuEquivariance vs mlip_accel
-#   graphs    scripts/gpu_check_graphs.sh's CLI + benchmark stages (CUDA-graph MD)
+#   graphs    scripts/gpu_check_graphs_sweep.sh's CLI + benchmark stages (CUDA-graph MD)
 #   before_after  scripts/kernel_timing_before_after.sh: kernel timing of an older tree carried as $BEFORE
 #             (default .carry/before) and of this one, same call (not in the default STAGES)
 # Results under $OUT (at most 8 files come back: logs are concatenated into all.log), summary.txt per stage.
@@ -57,7 +57,7 @@ if want symcon; then
 fi
 if want graphs; then
   mkdir -p "$OUT/graphs"
-  OUT=$OUT/graphs PARTS="cli bench_nequip bench_mace" timeout ${GRAPHS_TIMEOUT:-300} bash scripts/gpu_check_graphs.sh 2>&1 | log
+  OUT=$OUT/graphs PARTS="cli bench_nequip bench_mace" timeout ${GRAPHS_TIMEOUT:-480} bash scripts/gpu_check_graphs_sweep.sh 2>&1 | log
   stage "graphs" "${PIPESTATUS[0]}"
   cp "$OUT"/graphs/bench_md_graphs.json "$OUT"/graphs/bench_md_graphs.md "$OUT"/ 2>/dev/null
   rm -rf "$OUT/graphs"

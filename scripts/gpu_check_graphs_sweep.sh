@@ -9,7 +9,10 @@
 #   profile_device_md.jsonl                                   the device loop's step: GPU busy time, model alone, lists, reads
 #   bench_md_sweep.<framework>.<dtypes>.json, bench_md_sweep.{json,md}   the sweep
 #   summary.txt                                               one line per stage
-# PARTS picks stages (default: all): tests_nequip tests_mace cli sweep_nequip sweep_mace
+# PARTS picks stages (default: tests_nequip tests_mace cli sweep_nequip sweep_mace); also bench_nequip bench_mace
+# (scripts/bench_md_graphs.py: 32/216/1000 atoms graphed vs eager -> bench_md_graphs.{json,md}) and profile
+# (scripts/profile_md_step.py: the phases of one ASE MD step -> profile_md_step.jsonl). This script took over
+# scripts/gpu_check_graphs.sh's stages.
 # SWEEP_DTYPES (default float32), SWEEP_SIZES (default 2 3 5 7 10 11: 64 to 10648 atoms + the 32-atom cluster).
 #
 # All stages need more than one device call's 10 minutes and 64 MiB of carried wheels; the prepared calls:
@@ -90,6 +93,28 @@ if want sweep_mace; then
     --out \"$OUT\" --time-budget 330" 2>&1 | grep -v Warning | tail -50
   stage "sweep mace $SWEEP_DTYPES" "${PIPESTATUS[0]}"
 fi
+# the 32/216/1000-atom graphed-vs-eager benchmark and the phases of one ASE MD step (not in the default PARTS)
+if want bench_nequip; then
+  timeout 110 bash -c 'py_nequip scripts/bench_md_graphs.py --framework nequip --out "$OUT" --time-budget 75' 2>&1 | tail -12
+  stage "bench nequip" "${PIPESTATUS[0]}"
+fi
+if want bench_mace; then
+  timeout 120 bash -c 'py_mace scripts/bench_md_graphs.py --framework mace --out "$OUT" --time-budget 70' 2>&1 | tail -12
+  stage "bench mace" "${PIPESTATUS[0]}"
+fi
+if want profile; then
+  : >"$OUT/profile_md_step.jsonl"
+  timeout 60 bash -c 'py_nequip scripts/profile_md_step.py --model default >>"$OUT/profile_md_step.jsonl"' 2>&1 | tail -3
+  stage "profile default" "${PIPESTATUS[0]}"
+  timeout 60 bash -c 'py_mace scripts/profile_md_step.py --model mace >>"$OUT/profile_md_step.jsonl"' 2>&1 | tail -3
+  stage "profile mace" "${PIPESTATUS[0]}"
+  cat "$OUT/profile_md_step.jsonl"
+fi
+if compgen -G "$OUT/bench_md_graphs.*.json" >/dev/null; then
+  python3 scripts/bench_md_graphs.py --merge "$OUT"/bench_md_graphs.*.json --cli "$OUT/md_cli.json" --out "$OUT" >/dev/null
+  cat "$OUT/bench_md_graphs.md"
+fi
+
 if compgen -G "$OUT/bench_md_sweep.*.*.json" >/dev/null; then
   python3 scripts/bench_md_sweep.py --merge "$OUT"/bench_md_sweep.*.*.json --out "$OUT" >/dev/null
   cat "$OUT/bench_md_sweep.md"
