@@ -99,3 +99,27 @@ def test_another_mace_version_is_left_alone(monkeypatch):
     monkeypatch.setattr(mace_utils, "get_symmetric_displacement", other)
     assert displacement.install() is False
     assert mace_utils.get_symmetric_displacement is other
+
+
+def test_a_plain_model_still_scripts_saves_and_loads_after_the_swap():
+    """MACE's tools script plain models (``*_compiled.model``, mlip-accel-mace-train's outputs): TorchScript
+    takes the swap's scripting branch (MACE's own function), so scripting, saving and loading still work."""
+    import io
+    import warnings
+
+    from e3nn.util import jit
+
+    displacement.install()
+    plain = tiny_model(dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = jit.compile(copy.deepcopy(plain))
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    batch = batch_for(plain, emt_structures(2, seed=2))
+    want = plain(dict(batch), compute_stress=True, training=False)
+    got = loaded(dict(batch), compute_stress=True, training=False)
+    for key in ("energy", "forces", "stress"):
+        assert float((got[key] - want[key]).abs().max()) <= 1e-12 * float(want[key].abs().max().clamp_min(1))
