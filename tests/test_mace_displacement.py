@@ -123,3 +123,18 @@ def test_a_plain_model_still_scripts_saves_and_loads_after_the_swap():
     got = loaded(dict(batch), compute_stress=True, training=False)
     for key in ("energy", "forces", "stress"):
         assert float((got[key] - want[key]).abs().max()) <= 1e-12 * float(want[key].abs().max().clamp_min(1))
+
+
+def test_benchmarks_run_each_peer_with_maces_own_function():
+    """framework_functions: a peer (cueq, oeq, e3nn) is timed with MACE's own function, mlip_accel with ours;
+    another framework is left alone."""
+    displacement.install()
+    try:
+        displacement.framework_functions("mace", "cueq")
+        assert mace_utils.get_symmetric_displacement is displacement._original
+        displacement.framework_functions("nequip", "mlip_accel")
+        assert mace_utils.get_symmetric_displacement is displacement._original
+        displacement.framework_functions("mace", "mlip_accel+rsort")
+        assert mace_utils.get_symmetric_displacement is displacement.get_symmetric_displacement
+    finally:
+        displacement.install()
