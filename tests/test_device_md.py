@@ -22,12 +22,10 @@ from mlip_accel.integrations.errors import InputError, UnstableDynamicsError  # 
 from mlip_accel.integrations.md import initial_velocities, run_md  # noqa: E402
 from mlip_accel.integrations.neighbors import NeighborList  # noqa: E402
 
+from helpers import max_rel as rel  # noqa: E402
+
 STEPS = 24
 DT = 2.0
-
-
-def rel(a, b) -> float:
-    return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(np.abs(np.asarray(b)).max(), 1e-300))
 
 
 def _default_calculator(device="cpu", dtype="float64", skin=0.3, **kwargs):

@@ -60,3 +60,11 @@ def test_gpu_bitwise_reruns_capture_and_match_index_add():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(captured, scatter_rows(static, index, rows))
+
+
+@pytest.mark.parametrize("bad", [5, -1])
+def test_an_index_out_of_range_is_refused_not_summed_away(bad):
+    # the backward's segment sum would drop such a row silently: the forward gather refuses it first
+    src = torch.zeros(5, 3, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(IndexError):
+        gather_rows(src, torch.tensor([0, bad, 2]))

@@ -484,5 +484,5 @@ class StepEvaluator:
         return self.graphs.replayer() if self._replayed else None
 
 
-__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay", "StepEvaluator", "break_even_edges",
-           "parameter_fingerprint", "resolve_cuda_graphs"]
+__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay", "StepEvaluator",
+           "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs"]

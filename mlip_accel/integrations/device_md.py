@@ -44,7 +44,8 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .md import MDResult, MDInterrupted, Progress, raise_if_not_finite, timing_plan
+from .md import (MDResult, MDInterrupted, Progress, degrees_of_freedom, hold_centre_of_mass, raise_if_not_finite,
+                 temperature_of, timing_plan)
 
 DEFAULT_CHECK_EVERY = 20  # steps between host reads on a GPU: a check costs a sync (the GPU idles while the host
 # issues the next steps), a longer block costs more steps to redo when a list went stale inside it
@@ -446,11 +447,8 @@ def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: fl
     every ``trajectory_interval`` steps from device copies, after their steps were checked), snapshots and
     ``should_stop`` (asked at every check). ``atoms`` ends at the last step's positions and momenta.
     ``md``: a :class:`DeviceMD` already made for ``atoms`` (tests); else one is made here."""
-    from ase import units
-    from ase.constraints import FixCom
-
-    if ensemble == "nvt" and not any(isinstance(c, FixCom) for c in atoms.constraints):
-        atoms.set_constraint(list(atoms.constraints) + [FixCom()])  # as run_md: the noise must not move the centre
+    if ensemble == "nvt":
+        hold_centre_of_mass(atoms)  # as run_md
     if md is None:
         md = DeviceMD.from_calculator(atoms, atoms.calc, timestep_fs=timestep_fs, ensemble=ensemble,
                                       temperature_K=temperature_K, friction_per_fs=friction_per_fs, seed=seed,
@@ -492,8 +490,7 @@ def run_device_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: fl
     final = md.to_atoms(atoms, results=False)
     atoms.arrays["positions"][:] = final.positions
     atoms.set_momenta(final.get_momenta(), apply_constraint=False)
-    degrees_of_freedom = 3 * len(atoms) - sum(c.get_removed_dof(atoms) for c in atoms.constraints)
-    temperature = 2 * kinetic / (degrees_of_freedom * units.kB) if degrees_of_freedom > 0 else 0 * kinetic
+    temperature = temperature_of(kinetic, degrees_of_freedom(atoms))
     return MDResult(steps=steps, seconds=seconds, timed_steps=steps - warmup, timestep_fs=timestep_fs,
                     total_energy=(potential + kinetic)[start:], temperature=temperature[start:],
                     num_atoms=len(atoms), snapshots=kept,

@@ -152,6 +152,27 @@ def raise_if_not_finite(forces: np.ndarray, energy: float, step: int) -> None:
         raise UnstableDynamicsError(f"step {step}: the model gave a non-finite energy ({energy}); the run stops here")
 
 
+def hold_centre_of_mass(atoms) -> None:
+    """Add ASE's FixCom to ``atoms`` unless it has one: the thermostat's noise would move the centre of mass."""
+    from ase.constraints import FixCom
+
+    if not any(isinstance(c, FixCom) for c in atoms.constraints):
+        atoms.set_constraint(list(atoms.constraints) + [FixCom()])
+
+
+def degrees_of_freedom(atoms) -> int:
+    """3 per atom, less what ``atoms``' constraints remove."""
+    return 3 * len(atoms) - sum(c.get_removed_dof(atoms) for c in atoms.constraints)
+
+
+def temperature_of(kinetic, dof: int):
+    """Kelvin of ``kinetic`` energies (eV, a number or an array) over ``dof`` degrees of freedom; 0 where none
+    is left (a single atom held by FixCom: no temperature to speak of)."""
+    from ase import units
+
+    return 2 * kinetic / (dof * units.kB) if dof > 0 else 0 * kinetic
+
+
 def timing_plan(steps: int, snapshots: int, warmup: int | None) -> tuple[int, int]:
     """(untimed warm-up steps: default 10 % up to 5, steps between kept snapshots) of a run."""
     return (min(5, steps // 10) if warmup is None else warmup), max(1, steps // max(snapshots, 1))
@@ -173,14 +194,11 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
     (e.g. "SIGTERM"), asked after every step; a reason raises :class:`MDInterrupted`.
     """
     from ase import units
-    from ase.constraints import FixCom
     from ase.md.langevin import Langevin
     from ase.md.verlet import VelocityVerlet
 
     if ensemble == "nvt":
-        # the thermostat's noise would move the centre of mass: hold it (ASE's recommended FixCom)
-        if not any(isinstance(c, FixCom) for c in atoms.constraints):
-            atoms.set_constraint(list(atoms.constraints) + [FixCom()])
+        hold_centre_of_mass(atoms)
         dyn = Langevin(atoms, timestep_fs * units.fs, temperature_K=temperature_K,
                        friction=friction_per_fs / units.fs, fixcm=False, rng=np.random.default_rng(seed + 1))
     elif ensemble == "nve":
@@ -191,16 +209,14 @@ def run_md(atoms, steps: int, timestep_fs: float = 2.0, temperature_K: float = 3
     energies, temperatures, kept = [], [], [atoms.copy()]
     progress = Progress(steps, progress_label) if progress_label is not None else None
     clock = {"t0": None}
-
-    degrees_of_freedom = 3 * len(atoms) - sum(c.get_removed_dof(atoms) for c in atoms.constraints)
+    dof = degrees_of_freedom(atoms)
 
     def after_step():  # ASE calls observers once before the first step (nsteps 0), then after each step
         done = dyn.nsteps
         check_finite(atoms, done)
         kinetic = atoms.get_kinetic_energy()
         energies.append(atoms.get_potential_energy() + kinetic)
-        # a single atom held by FixCom has no degree of freedom: no temperature to speak of
-        temperatures.append(2 * kinetic / (degrees_of_freedom * units.kB) if degrees_of_freedom > 0 else 0.0)
+        temperatures.append(temperature_of(kinetic, dof))
         if done == warmup:
             clock["t0"] = time.perf_counter()
         if done and done % snapshot_every == 0 and len(kept) <= snapshots:

@@ -210,7 +210,8 @@ def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 
 def _host_inputs(positions, cell, pbc) -> tuple:
     return (np.ascontiguousarray(positions, dtype=np.float64),
-            np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3), np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
+            np.ascontiguousarray(cell, dtype=np.float64).reshape(3, 3),
+            np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
 
 
 def _torch_allocator(device: torch.device):

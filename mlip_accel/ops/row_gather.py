@@ -18,7 +18,9 @@ import torch
 
 
 def scatter_rows(values: torch.Tensor, index: torch.Tensor, rows: int, deterministic: bool = True) -> torch.Tensor:
-    """``out[r] = sum of values[e] over e with index[e] == r`` (``out`` has ``rows`` rows); differentiable."""
+    """``out[r] = sum of values[e] over e with index[e] == r`` (``out`` has ``rows`` rows); differentiable.
+    ``index`` must lie in ``[0, rows)`` (not checked: a check would wait for the GPU); an index that came through
+    :func:`gather_rows`'s forward was checked there."""
     return _ScatterRows.apply(values, index, rows, deterministic)
 
 

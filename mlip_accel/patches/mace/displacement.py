@@ -9,9 +9,9 @@ systems, TorchSim's batch), more than the rest of the step (``benchmarks/bench_i
 fixed-order backward in ~1 ms.
 
 This is the one swap of a framework *function*: MACE's models look it up in ``mace.modules.utils`` when they
-run, so it is process-wide, installed by the first :func:`mlip_accel.accelerate` of a MACE model and never
-removed (except by :func:`uninstall`; a plain MACE model in the same process gets the same forward values; its stress gradients are summed
-in a different, fixed order). It is installed only over the function it was written against (the signature
+run, so it is process-wide, installed by the first :func:`mlip_accel.accelerate` of a MACE model and kept
+(:func:`uninstall` is for benchmarks). A plain MACE model in the same process gets the same forward values;
+its stress gradients are summed in a different, fixed order. It is installed only over the function it was written against (the signature
 of mace-torch 0.3.16); under ``torch.compile`` and TorchScript the original runs.
 """
 from __future__ import annotations
