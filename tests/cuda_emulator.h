@@ -30,6 +30,8 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __ldcs(const T* p) { return *p; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
+inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, sizeof d); return d; }
 
 template <class T> inline T atomicAdd(T* p, T v) {
   pthread_mutex_lock(&emu::atomic_mutex);

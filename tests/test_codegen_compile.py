@@ -164,3 +164,20 @@ def test_symmetric_contraction_compiles_with_nvrtc(symcon_compiled, name, dtype,
     size, error = symcon_compiled[(name, dtype, direction, arch)]
     assert error is None, error
     assert size > 0
+
+
+# --- element-linear family (MACE's skip linear): MACE-MP-0-medium's irreps (l 0..3, 128 channels), an odd shape ---
+
+ELEMENT_LINEAR_SHAPES = [(1, 128, 128), (3, 128, 128), (5, 128, 128), (7, 128, 128), (3, 33, 5)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_element_linear_compiles_with_nvrtc(dtype, arch):
+    from mlip_accel.codegen.element_linear import ElementLinearSpec, generate_element_linear
+
+    for rows, inner, cols in ELEMENT_LINEAR_SHAPES:
+        kernel = generate_element_linear(ElementLinearSpec(rows, inner, cols, dtype))
+        size, error = _compile((kernel.source, arch, kernel.plan.kernel))
+        assert error is None, error
+        assert size > 0

@@ -214,7 +214,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda streams=streams: [step() for step in reversed(streams)])
             contractions = mace_symmetric.install(products, backend)
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
-            skip_undo = mace_skip.install(skips)
+            skip_undo = mace_skip.install(skips, backend)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:

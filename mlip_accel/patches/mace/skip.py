@@ -1,8 +1,8 @@
 """MACE adapter, element-dependent skip linear: each interaction block's ``skip_tp`` (e3nn's
 ``FullyConnectedTensorProduct(features, node_attrs, target)`` with MACE's one-hot ``node_attrs``) replaced by
-:class:`MACESkipLinear`, which gathers each node's element weights and applies them with a batched matmul
-(``ops.element_linear``) instead of e3nn's product with the one-hot over every element. Exact (the same
-sums, without the zero terms); the e3nn module's ``weight`` parameter and ``output_mask`` buffer are shared,
+:class:`MACESkipLinear`, which applies each node's element weights (``ops.element_linear``: a generated kernel
+on CUDA, a gather + batched matmul elsewhere) instead of e3nn's product with the one-hot over every element.
+Exact (the same sums, without the zero terms); the e3nn module's ``weight`` parameter and ``output_mask`` buffer are shared,
 so ``state_dict`` keys and values are unchanged.
 
 Only the layout MACE builds is swapped: a single ``Ex0e`` second input, every path ``(l, 0e) -> l`` of
@@ -60,8 +60,9 @@ def _paths(tp) -> list | None:
 class MACESkipLinear(torch.nn.Module):
     """Drop-in for an e3nn ``FullyConnectedTensorProduct(features, one-hot elements)``: ``forward(x, attrs)``."""
 
-    def __init__(self, original: torch.nn.Module):
+    def __init__(self, original: torch.nn.Module, backend: str = "auto"):
         super().__init__()
+        self.backend = backend
         paths = _paths(original)
         if paths is None:
             raise ValueError("not a skip_tp of MACE's layout (features x Ex0e one-hot)")
@@ -88,7 +89,7 @@ class MACESkipLinear(torch.nn.Module):
         for s_in, s_out, u, v, dim, offset, coef in self._paths:
             w = self.weight[offset:offset + u * e * v].view(u, e, v).transpose(0, 1) * coef  # [E, U, V]
             xi = x[:, s_in].view(b, u, dim).transpose(1, 2)  # [B, dim, U]
-            yi = element_linear(xi, elements, w).transpose(1, 2).reshape(b, v * dim)
+            yi = element_linear(xi, elements, w, self.backend).transpose(1, 2).reshape(b, v * dim)
             key = (s_out.start, s_out.stop)
             pieces[key] = yi if key not in pieces else pieces[key] + yi
         out = []
@@ -107,13 +108,16 @@ def plan(model) -> list:
     return [b for b in _blocks(model) if isinstance(b.skip_tp, MACESkipLinear) or _paths(b.skip_tp) is not None]
 
 
-def install(blocks) -> list:
+def install(blocks, backend: str = "auto") -> list:
+    """Swap into ``blocks`` (or set the backend where already swapped); undo records for :func:`uninstall`."""
     undo = []
     for block in blocks:
         if isinstance(block.skip_tp, MACESkipLinear):
+            undo.append((block, block.skip_tp.backend))
+            block.skip_tp.backend = backend
             continue
         original = block.skip_tp
-        fast = MACESkipLinear(original)
+        fast = MACESkipLinear(original, backend)
         fast.train(original.training)
         undo.append((block, original))
         block.skip_tp = fast
@@ -122,7 +126,10 @@ def install(blocks) -> list:
 
 def uninstall(undo) -> None:
     for block, original in reversed(undo):
-        block.skip_tp = original
+        if isinstance(original, str):  # the backend it had before
+            block.skip_tp.backend = original
+        else:
+            block.skip_tp = original
 
 
 def plain(model):
