@@ -7,7 +7,7 @@
 #   bench_symcon.json, bench_symcon.md   scripts/bench_symcon.py: product blocks at carbon-1k/8k, e3nn/cuEq/ours
 #   bench_mace_step.{json,md}, step.log  only with STEP_ARGS set: scripts/bench_mace_step.py (whole MACE step)
 #   summary.txt                          PASSED/FAILED per stage
-# GPU_TESTS, BENCH_ARGS (bench_symcon.py) and LIMITS ("precompile tests bench" seconds) let another call reuse
+# GPU_TESTS, BENCH_ARGS (bench_symcon.py; "none" skips it) and LIMITS ("precompile tests bench" seconds) let another call reuse
 # this one (scripts/gpu_check_symcon_train.sh).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_check_symcon_out}
@@ -49,9 +49,11 @@ stage precompile $?
   $GPU_TESTS 2>&1) | tee "$OUT/gpu_tests.log" | tail -15
 stage "gpu tests" "${PIPESTATUS[0]}"
 
-# shellcheck disable=SC2086
-timeout $LIMIT_BENCH $PY scripts/bench_symcon.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -20
-stage benchmark "${PIPESTATUS[0]}"
+if [[ "$BENCH_ARGS" != "none" ]]; then  # BENCH_ARGS=none: no product-block benchmark
+  # shellcheck disable=SC2086
+  timeout $LIMIT_BENCH $PY scripts/bench_symcon.py --out "$OUT" $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -20
+  stage benchmark "${PIPESTATUS[0]}"
+fi
 
 if [[ -n "${STEP_ARGS:-}" ]]; then
   # shellcheck disable=SC2086

@@ -16,6 +16,7 @@ from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
 from . import displacement as mace_displacement
+from . import radial as mace_radial
 from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
@@ -177,7 +178,7 @@ def _plain_outputs(model, blocks, batch):
         block.conv_tp = fused.e3nn_module
         del block.conv_fusion
     try:
-        with mace_symmetric.plain(model), mace_skip.plain(model):
+        with mace_symmetric.plain(model), mace_skip.plain(model), mace_radial.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
@@ -203,19 +204,24 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
     check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)
-    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model)) for model in models]
+    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model), mace_radial.plan(model))
+             for model in models]
     with swap_transaction() as undo:
-        for model, (blocks, products, skips) in zip(models, plans):
+        for model, (blocks, products, skips, radials) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None
             convs = _install(blocks, backend, deterministic)
             undo.append(lambda convs=convs: _uninstall(convs))
+            unfolded = mace_radial.unfold(radials)  # e3nn's radial MLPs back while edge streaming decides
+            undo.append(lambda unfolded=unfolded: mace_radial.uninstall(unfolded))
             streams = _install_streaming(model, blocks, stream_edges, stream_chunk_edges)
             undo.append(lambda streams=streams: [step() for step in reversed(streams)])
             contractions = mace_symmetric.install(products, backend)
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             skip_undo = mace_skip.install(skips, backend)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
+            folded = mace_radial.install(mace_radial.candidates(model))  # the blocks not streamed
+            undo.append(lambda folded=folded: mace_radial.uninstall(folded))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
@@ -260,6 +266,7 @@ def restore(obj):
     for model in models:
         mace_symmetric.restore(model)
         mace_skip.restore(model)
+        mace_radial.restore(model)
         for block in model.modules():
             mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)
