@@ -117,6 +117,18 @@ def time_case(step, device: torch.device, min_seconds: float, max_reps: int, war
             "peak_mib": peak}
 
 
+def profile_case(step, path: str, rows: int = 40) -> None:
+    """One more step under torch.profiler: the operations and kernels by GPU time, written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70))
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().cpu(), b.double().cpu()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
@@ -173,6 +185,8 @@ def run(args) -> dict:
                         result = time_case(step, device, 0.0 if slow else min_seconds, 1 if slow else max_reps,
                                            1 if slow or args.tiny else 2)
                         case.update(status="ok", **result)
+                        if args.profile and device.type == "cuda":
+                            profile_case(step, os.path.join(args.out, f"profile_{impl}_{dtype_name}_{mode}_{atoms}.txt"))
                         last = {k: v.cpu() for k, v in step.last.items()}
                         if mode == "train":
                             last["grads"] = _grads(potential.model)
@@ -284,6 +298,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--max-reps", type=int, default=20)
+    parser.add_argument("--profile", action="store_true",
+                        help="also write each case's kernels by GPU time (torch.profiler, one step) under --out")
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds; later cases are skipped")
     parser.add_argument("--tiny", "--cpu-smoke", action="store_true", dest="tiny",
                         help="CPU smoke run: tiny model, 64 atoms, one repetition, reference backend")
