@@ -9,7 +9,8 @@
 #   profile_device_md.jsonl                                   the device loop's step: GPU busy time, model alone, lists, reads
 #   bench_md_sweep.<framework>.<dtypes>.json, bench_md_sweep.{json,md}   the sweep
 #   summary.txt                                               one line per stage
-# PARTS picks stages (default: tests_nequip tests_mace cli sweep_nequip sweep_mace); also bench_nequip bench_mace
+# PARTS picks stages (default: tests_nequip tests_mace cli sweep_nequip sweep_mace); also skins (the device loop's
+# steps/s by neighbour skin), force_error (scripts/mace_force_error_vs_fp64.py), bench_nequip bench_mace
 # (scripts/bench_md_graphs.py: 32/216/1000 atoms graphed vs eager -> bench_md_graphs.{json,md}) and profile
 # (scripts/profile_md_step.py: the phases of one ASE MD step -> profile_md_step.jsonl). This script took over
 # scripts/gpu_check_graphs.sh's stages.
@@ -80,6 +81,30 @@ speeds = {run.splitlines()[0]: (re.findall(r"speed\s+: ([0-9.]+) steps/s", run) 
 json.dump(speeds, open(f"{sys.argv[1]}/md_cli.json", "w"))
 print("md cli steps/s:", speeds)
 EOF
+fi
+
+if want skins; then
+  # the device loop's steps/s and lists per 1000 steps against the neighbour skin (default model, NVT, 1000 steps)
+  : >"$OUT/md_cli_skins.log"
+  for skin in 0.5 0.75 1.0 1.5; do
+    echo "### skin $skin" >>"$OUT/md_cli_skins.log"
+    timeout 60 bash -c "py_nequip -m mlip_accel.integrations.cli md --device cuda --steps 1000 --output none \
+      --cuda-graphs --integrator device --neighbor-skin $skin" >>"$OUT/md_cli_skins.log" 2>&1
+    stage "md cli device loop, skin $skin" $?
+  done
+  python3 - "$OUT" <<'EOF'
+import json, re, sys
+text = open(f"{sys.argv[1]}/md_cli_skins.log").read()
+runs = re.split(r"^### skin ", text, flags=re.M)[1:]
+rows = {run.splitlines()[0]: {"steps_per_s": (re.findall(r"speed\s+: ([0-9.]+) steps/s", run) or ["-"])[0],
+                              "lists": (re.findall(r"([0-9]+) lists built", run) or ["-"])[0]} for run in runs}
+json.dump(rows, open(f"{sys.argv[1]}/md_cli_skins.json", "w"))
+print("device loop by skin:", rows)
+EOF
+fi
+if want force_error; then
+  timeout 150 bash -c 'py_mace scripts/mace_force_error_vs_fp64.py --out "$OUT"' 2>&1 | grep -v Warn | tail -8
+  stage "mace fp32 force error vs fp64" "${PIPESTATUS[0]}"
 fi
 
 tag=$(echo "$SWEEP_DTYPES" | tr ' ' '-')
