@@ -18,6 +18,7 @@ struct Warp {
 };
 inline pthread_mutex_t atomic_mutex = PTHREAD_MUTEX_INITIALIZER;
 inline thread_local Warp* tl_warp = nullptr;
+inline thread_local pthread_barrier_t* tl_block_bar = nullptr;
 }  // namespace emu
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -26,12 +27,23 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+// one block runs at a time: a function-static array is the running block's shared memory
+#define __shared__ static
+inline void __syncthreads() { pthread_barrier_wait(emu::tl_block_bar); }
 
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __ldcs(const T* p) { return *p; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, sizeof f); return f; }
 inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, sizeof d); return d; }
+inline long long __double_as_longlong(double d) { long long i; memcpy(&i, &d, sizeof i); return i; }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  pthread_mutex_lock(&emu::atomic_mutex);
+  unsigned long long old = *p;
+  if (v > old) *p = v;
+  pthread_mutex_unlock(&emu::atomic_mutex);
+  return old;
+}
 
 template <class T> inline T atomicAdd(T* p, T v) {
   pthread_mutex_lock(&emu::atomic_mutex);
@@ -65,6 +77,7 @@ struct ThreadStart {
   const unsigned long long* args;
   dim3 grid, block, block_index, thread_index;
   Warp* warp;
+  pthread_barrier_t* block_bar;
 };
 
 inline void* thread_main(void* p) {
@@ -74,6 +87,7 @@ inline void* thread_main(void* p) {
   blockDim = s.block;
   gridDim = s.grid;
   tl_warp = s.warp;
+  tl_block_bar = s.block_bar;
   s.body(s.args);
   return nullptr;
 }
@@ -90,15 +104,18 @@ inline void run_grid(dim3 grid, dim3 block, Body body, const unsigned long long*
       for (unsigned bx = 0; bx < grid.x; ++bx) {
         for (int w = 0; w < nwarps; ++w)
           pthread_barrier_init(&warps[w].bar, nullptr, (unsigned)(threads - 32 * w < 32 ? threads - 32 * w : 32));
+        pthread_barrier_t block_bar;
+        pthread_barrier_init(&block_bar, nullptr, (unsigned)threads);
         for (int t = 0; t < threads; ++t) {
           starts[t] = ThreadStart{body, args, grid, block, dim3{bx, by, bz},
                                   dim3{(unsigned)(t % block.x), (unsigned)(t / block.x % block.y),
                                        (unsigned)(t / (block.x * block.y))},
-                                  &warps[t / 32]};
+                                  &warps[t / 32], &block_bar};
           pthread_create(&pool[t], nullptr, thread_main, &starts[t]);
         }
         for (int t = 0; t < threads; ++t) pthread_join(pool[t], nullptr);
         for (int w = 0; w < nwarps; ++w) pthread_barrier_destroy(&warps[w].bar);
+        pthread_barrier_destroy(&block_bar);
       }
   delete[] pool;
   delete[] starts;

@@ -181,3 +181,14 @@ def test_element_linear_compiles_with_nvrtc(dtype, arch):
         size, error = _compile((kernel.source, arch, kernel.plan.kernel))
         assert error is None, error
         assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_md_update_kernels_compile_with_nvrtc(arch):
+    from mlip_accel.codegen.md_update import KERNELS, md_update_program
+
+    program = md_update_program()
+    assert [p.kernel for p in program.plans] == [f"mla_md_{k}" for k in KERNELS]
+    size, error = _compile((program.source, arch, program.name))
+    assert error is None, error
+    assert size > 0

@@ -271,6 +271,63 @@ def test_nvt_reproducible_centre_of_mass_held_and_thermalised():
     assert abs(settled - 600.0) < 0.1 * 600.0, settled
 
 
+# ------------------------------------------------------------------------ fused half-step kernels (emulated)
+
+emulated_only = pytest.mark.skipif(not __import__("cuda_emulator").available(), reason="no C++ compiler (g++)")
+
+
+@emulated_only
+@pytest.mark.nequip
+@pytest.mark.parametrize("ensemble", ["nve", "nvt"])
+def test_fused_half_steps_equal_ase(emulated, ensemble):
+    """The half-steps as the generated kernels (codegen.md_update, run by the CPU emulator): ASE's trajectory,
+    across list rebuilds, from a handful of launches per step."""
+    from ase.md.langevin import Langevin
+    from ase.md.verlet import VelocityVerlet
+
+    atoms = _hot_copper(1500.0)
+    if ensemble == "nvt":
+        atoms.set_constraint(FixCom())
+        factory = lambda a: Langevin(a, DT * units.fs, temperature_K=300.0, friction=0.02 / units.fs,  # noqa: E731
+                                     fixcm=False, rng=np.random.default_rng(5))
+        extra = dict(temperature_K=300.0, friction_per_fs=0.02, noise=_numpy_noise(5, len(atoms)))
+    else:
+        factory, extra = (lambda a: VelocityVerlet(a, DT * units.fs)), {}
+    theirs = _ase_run(atoms, _default_calculator(), 16, factory)
+    md = DeviceMD.from_calculator(atoms.copy(), _default_calculator(), timestep_fs=DT, ensemble=ensemble,
+                                  check_every=4, fused=True, **extra)
+    assert md._kernels is not None
+    _assert_same_trajectory(_device_run(md, 16, 4), theirs[::4], 1e-10)
+    potential, kinetic = md.energies()
+    assert rel(potential + kinetic, [e for *_, e in theirs]) <= 1e-10
+    names = {k[0] for k in emulated.launches}
+    expected = {"nve": {"mla_md_nve_pre", "mla_md_nve_post", "mla_md_record"},
+                "nvt": {"mla_md_nvt_pre", "mla_md_nvt_move", "mla_md_nvt_post", "mla_md_nvt_momentum", "mla_md_record"}}
+    assert expected[ensemble] <= names
+
+
+@emulated_only
+@pytest.mark.parametrize("ensemble", ["nve", "nvt"])
+def test_fused_half_steps_equal_the_torch_path_over_several_blocks(emulated, ensemble):
+    """500 atoms (four blocks of the kernels, the last one partial): the same positions, momenta, records and
+    displacement bound as the torch operations, to rounding, over steps with a rollback-free run."""
+    atoms = _crystal(5)
+    atoms.rattle(0.05, seed=4)
+    initial_velocities(atoms, 300.0, seed=5)
+    if ensemble == "nvt":
+        atoms.set_constraint(FixCom())
+    runs = []
+    for fused in (False, True):
+        md = _tethered_md(atoms.copy(), _Tethered(atoms.positions, k=2.0), timestep_fs=DT, ensemble=ensemble,
+                          temperature_K=300.0, friction_per_fs=0.05, seed=3, check_every=5, fused=fused)
+        md.advance(20)
+        runs.append((md.x.clone(), md.p.clone(), md._records[:21].clone(), md._moved2.clone()))
+    for ours, theirs in zip(runs[1], runs[0]):
+        assert rel(ours.numpy(), theirs.numpy()) <= 1e-12
+    if ensemble == "nvt":  # the centre of mass held, no net momentum
+        assert torch.abs(runs[1][1].sum(dim=0)).max() < 1e-10
+
+
 # ------------------------------------------------------------------------------------ non-finite forces
 
 @pytest.mark.parametrize("check_every", [1, 8])

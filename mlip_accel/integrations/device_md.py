@@ -73,7 +73,9 @@ class DeviceMD:
     called when a list is taken into use. ``graphs``: capture the two half-steps around the model as CUDA
     graphs ("auto": on CUDA; a failed capture warns and runs them eagerly). ``prefetch``: build the next list
     on the CPU while the GPU runs the current list's last steps ("auto": on CUDA). :meth:`advance` runs steps;
-    ``step`` counts them; ``rollbacks`` counts the checks that redid steps.
+    ``step`` counts them; ``rollbacks`` counts the checks that redid steps. ``fused``: the half-steps as the
+    generated kernels of :mod:`~mlip_accel.codegen.md_update` (a handful of launches instead of ~30 torch
+    operations; "auto": on CUDA where mlip_accel's kernels run), else as torch operations.
 
     The state lives in tensors updated in place (positions ``x``, momenta ``p``, forces ``f``, potential energy
     ``e``, float64): a captured half-step reads and writes them at fixed addresses.
@@ -81,7 +83,8 @@ class DeviceMD:
 
     def __init__(self, atoms, evaluate, neighbor_list, types: torch.Tensor, device, timestep_fs: float = 2.0,
                  ensemble: str = "nve", temperature_K: float = 300.0, friction_per_fs: float = 0.01, seed: int = 0,
-                 check_every: int | None = None, noise=None, on_build=None, graphs="auto", prefetch="auto"):
+                 check_every: int | None = None, noise=None, on_build=None, graphs="auto", prefetch="auto",
+                 fused="auto"):
         from ase import units
 
         from .md import check_structure
@@ -154,6 +157,13 @@ class DeviceMD:
         self._x_built = torch.zeros((n, 3), **f64)
         self._check: _Check | None = None
         self.neighbors, self._list_skin = None, 0.0  # the list the steps use, and its skin
+        if fused == "auto":
+            from ..ops.backends import cuda_unavailable_reason
+            fused = self.device.type == "cuda" and cuda_unavailable_reason() is None
+        self._kernels = None
+        if fused:
+            from ..runtime.md_update import MDKernels
+            self._kernels = MDKernels(self)
         self._build()
         self._force()
         self._record()
@@ -280,6 +290,9 @@ class DeviceMD:
 
     def _pre(self) -> None:
         """Up to the new positions, and their largest displacement since the list was built."""
+        if self._kernels is not None:
+            self._kernels.pre()
+            return
         if self.ensemble == "nve":  # ase.md.verlet.VelocityVerlet.step: p += dt/2 F; x += dt p / m
             self.p.add_(self.f, alpha=0.5 * self.dt)
             self.x.addcmul_(self.p, self._dt_over_m)
@@ -297,6 +310,9 @@ class DeviceMD:
 
     def _post(self) -> None:
         """From the new forces to the new momenta, and the step's record."""
+        if self._kernels is not None:
+            self._kernels.post()
+            return
         if self.ensemble == "nve":
             self.p.add_(self.f, alpha=0.5 * self.dt)
         else:  # the rest of Langevin.step: the velocity of the (constrained) move, the second kick, set_momenta
