@@ -479,6 +479,8 @@ def test_gpu_device_loop_equals_ase_loop_and_syncs_only_at_checks(graphs):
     theirs = _ase_run(atoms, _default_calculator("cuda", None, "auto"), 100, lambda a: VelocityVerlet(a, DT * units.fs))
     calc = _default_calculator("cuda", None, "auto")
     md = DeviceMD.from_calculator(atoms.copy(), calc, timestep_fs=DT, ensemble="nve", graphs=graphs)
+    assert md._kernels is not None  # the fused half-steps (codegen.md_update) run on CUDA by default
+    assert calc.neighbor_list.small_list_skin is not None  # and a small system gets the device loop's skin
     md.reserve(100)
     md.advance(20)  # captures, warm-up
     assert bool(md._graphs) == graphs

@@ -312,6 +312,27 @@ def test_neighbor_list_auto_skin_for_small_systems_only(monkeypatch):
         NeighborList(4.0, skin="big")
 
 
+def test_neighbor_list_small_list_skin_for_the_device_loop():
+    """The device-resident loop's tier (neighbors.DEVICE_LOOP_SKIN): a larger auto skin for small lists only."""
+    from ase.build import bulk
+
+    import mlip_accel.integrations.neighbors as N
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    args = (atoms.positions, atoms.cell.array, atoms.pbc)
+    nl = NeighborList(4.0, skin="auto")
+    nl.small_list_skin = (N.DEVICE_LOOP_SKIN, N.DEVICE_LOOP_SKIN_MAX_EDGES)
+    nl(*args)
+    assert nl.skin == N.DEVICE_LOOP_SKIN == 1.0
+    nl.small_list_skin = (N.DEVICE_LOOP_SKIN, 10)  # the same system above the tier's edge limit: AUTO_SKIN
+    nl.build(*args)
+    assert nl.skin == N.AUTO_SKIN
+    fixed = NeighborList(4.0, skin=0.2)  # an explicit skin is the user's: the tier does not apply
+    fixed.small_list_skin = (N.DEVICE_LOOP_SKIN, N.DEVICE_LOOP_SKIN_MAX_EDGES)
+    fixed(*args)
+    assert fixed.skin == 0.2
+
+
 @pytest.mark.nequip
 def test_calculator_auto_skin_only_with_cuda_graphs():
     import nequip_fixtures as F

@@ -157,6 +157,9 @@ class DeviceMD:
         self._x_built = torch.zeros((n, 3), **f64)
         self._check: _Check | None = None
         self.neighbors, self._list_skin = None, 0.0  # the list the steps use, and its skin
+        if getattr(neighbor_list, "auto", False) and self.device.type == "cuda":  # see neighbors.DEVICE_LOOP_SKIN
+            from .neighbors import DEVICE_LOOP_SKIN, DEVICE_LOOP_SKIN_MAX_EDGES
+            neighbor_list.small_list_skin = (DEVICE_LOOP_SKIN, DEVICE_LOOP_SKIN_MAX_EDGES)
         if fused == "auto":
             from ..ops.backends import cuda_unavailable_reason
             fused = self.device.type == "cuda" and cuda_unavailable_reason() is None

@@ -57,6 +57,13 @@ def same_pairs(a: Neighbors, b: Neighbors) -> bool:
 # edges: MACE 0.94x, NequIP 1.06x slower; 8000 atoms: 1.1x slower).
 AUTO_SKIN = 0.5
 AUTO_SKIN_MAX_EDGES = 100_000
+# The device-resident MD loop (device_md) asks for more on small systems (NeighborList.small_list_skin): there a
+# list is built on the host between blocks of steps and costs a host read and its adoption while the GPU waits,
+# and a model below ~20,000 edges is launch-bound (more edges cost it little). H200, default model (256 atoms,
+# 11,000 edges within the cutoff), 1000 NVT steps (benchmarks/md_cli_skins_h200.json): 0.5 A 977 steps/s with 67
+# lists, 0.75 A 942 with 38, 1.0 A 1072 with 1, 1.5 A 1017 with 1.
+DEVICE_LOOP_SKIN = 1.0
+DEVICE_LOOP_SKIN_MAX_EDGES = 20_000
 
 
 def _skin_length(skin) -> float:
@@ -98,6 +105,8 @@ class NeighborList:
         self.on_gpu = self.device.type == "cuda"
         self._gpu_checked = False
         self.builds = 0
+        # with skin="auto": (skin, most edges within the cutoff) taking precedence over AUTO_SKIN; None: none
+        self.small_list_skin: tuple[float, int] | None = None
         self._built = None  # skin > 0: (positions, cell, pbc, Neighbors, skin) of the last build
 
     def _lists(self, list_cutoff: float):
@@ -152,6 +161,8 @@ class NeighborList:
             # edges within the cutoff, estimated from a list within cutoff + skin by the volume ratio
             within = neighbors.num_edges * (self.cutoff / (self.cutoff + skin)) ** 3
             self.skin = AUTO_SKIN if within <= AUTO_SKIN_MAX_EDGES else 0.0
+            if self.small_list_skin is not None and within <= self.small_list_skin[1]:
+                self.skin = self.small_list_skin[0]
         return neighbors
 
     def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0,
