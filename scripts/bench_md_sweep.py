@@ -42,7 +42,7 @@ from mlip_accel.testing import dtype_of  # noqa: E402
 from mlip_accel.testing.timing import wall_times  # noqa: E402
 
 SIZES = (2, 3, 5, 7, 10, 11)  # diamond cells per axis: 64, 216, 1000, 2744, 8000, 10648 atoms (+ the 32-atom cluster)
-STEP_IMPLS = ("e3nn", "eager", "auto", "forced")
+STEP_IMPLS = ("e3nn", "cueq", "eager", "auto", "forced")  # cueq: cuEquivariance eager, as its framework runs it
 ASE_IMPLS = ("ase_auto", "ase_auto_skin", "symmetrix")
 SKIN = 0.5  # A: Symmetrix's default neighbour skin
 MOVE = 0.02  # A: each ASE call moves every atom by up to this much from the start (inside the skin)
@@ -110,6 +110,13 @@ def run(args, save=None) -> dict:
         base = {"mace": bench_md.build_mace, "nequip": bench_md.build_nequip}[args.framework](dtype_of(dtype_name))
         potentials = {impl: potential_from_model(bench_md.variant(args.framework, impl, base, device), device=device)
                       for impl in ("e3nn", "mlip_accel")}
+        peer_status = {}
+        if "cueq" in args.impls:
+            try:
+                potentials["cueq"] = potential_from_model(bench_md.variant(args.framework, "cueq", base, device),
+                                                          device=device)
+            except Exception as err:  # not installed, or a conversion failing: recorded, the run goes on
+                peer_status["cueq"] = f"unavailable: {type(err).__name__}: {err}"[:300]
         symx, symx_status = None, None
         if args.framework == "mace" and "symmetrix" in args.impls:
             try:
@@ -132,8 +139,11 @@ def run(args, save=None) -> dict:
                 if time.perf_counter() - t_start > args.time_budget:
                     case["status"] = "skipped: time budget"
                     continue
-                potential = potentials["e3nn" if impl == "e3nn" else "mlip_accel"]
-                graphs = {"e3nn": False, "eager": False, "auto": "auto" if on_gpu else False,
+                if impl in peer_status:
+                    case["status"] = peer_status[impl]
+                    continue
+                potential = potentials[impl if impl in ("e3nn", "cueq") else "mlip_accel"]
+                graphs = {"e3nn": False, "cueq": False, "eager": False, "auto": "auto" if on_gpu else False,
                           "forced": on_gpu}[impl]
                 if impl == "forced" and not on_gpu:
                     case["status"] = "skipped: no GPU"
@@ -276,9 +286,10 @@ def markdown(parts: list) -> str:
                   if c["dtype"] == dtype and c.get("status") == "ok"}
             graphs = list(dict.fromkeys(c["graph"] for c in part["cases"] if c["dtype"] == dtype))
             lines += [f"## {part['framework']} {dtype}: {part['model']}", "",
-                      "| graph | atoms | edges | e3nn | eager | auto | forced | auto vs eager | forced vs eager "
-                      "| ASE auto | ASE auto + skin | Symmetrix | Symmetrix force err | ours force err |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                      "| graph | atoms | edges | e3nn | cuEq | eager | auto | forced | auto vs eager | auto vs e3nn "
+                      "| auto vs cuEq | forced vs eager | ASE auto | ASE auto + skin | Symmetrix | Symmetrix force err "
+                      "| ours force err |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
             for g in graphs:
                 row = [ok.get((g, i)) for i in STEP_IMPLS + ASE_IMPLS]
                 any_case = next(c for c in part["cases"] if c["graph"] == g)
@@ -286,10 +297,10 @@ def markdown(parts: list) -> str:
                 ratio = lambda a, b: f"{b['ms'] / a['ms']:.2f}x" if a and b else "-"  # noqa: E731
                 err = lambda c: (f"{c['force_rel_err_vs_e3nn']:.1e}"  # noqa: E731
                                  if c and "force_rel_err_vs_e3nn" in c else "-")
-                e3, ea, au, fo, a1, a2, sx = row
-                lines.append(f"| {g} | {any_case['atoms']} | {any_case['edges']} | {ms(e3)} | {ms(ea)} | {ms(au)} "
-                             f"| {ms(fo)} | {ratio(au, ea)} | {ratio(fo, ea)} | {ms(a1)} | {ms(a2)} | {ms(sx)} "
-                             f"| {err(sx)} | {err(a2)} |")
+                e3, cq, ea, au, fo, a1, a2, sx = row
+                lines.append(f"| {g} | {any_case['atoms']} | {any_case['edges']} | {ms(e3)} | {ms(cq)} | {ms(ea)} "
+                             f"| {ms(au)} | {ms(fo)} | {ratio(au, ea)} | {ratio(au, e3)} | {ratio(au, cq)} "
+                             f"| {ratio(fo, ea)} | {ms(a1)} | {ms(a2)} | {ms(sx)} | {err(sx)} | {err(a2)} |")
             bad = [c for c in part["cases"] if c["dtype"] == dtype and c.get("status") != "ok"]
             lines += [""] + [f"- {c['graph']} {c['impl']}: {c['status']}" for c in bad] + ([""] if bad else [])
     return "\n".join(lines) + "\n"

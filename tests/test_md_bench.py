@@ -104,7 +104,8 @@ def test_sweep_merge_writes_the_table(tmp_path):
             c["force_rel_err_vs_e3nn"] = err
         return c
 
-    cases = [case("carbon-3c", 216, "e3nn", 40.0), case("carbon-3c", 216, "eager", 30.0),
+    cases = [case("carbon-3c", 216, "e3nn", 40.0), case("carbon-3c", 216, "cueq", 48.0),
+             case("carbon-3c", 216, "eager", 30.0),
              case("carbon-3c", 216, "auto", 6.0), case("carbon-3c", 216, "forced", 6.0),
              case("carbon-3c", 216, "ase_auto", 8.0), case("carbon-3c", 216, "ase_auto_skin", 7.0, err=3e-6),
              case("carbon-3c", 216, "symmetrix", 3.5, err=1e-4),
@@ -116,8 +117,9 @@ def test_sweep_merge_writes_the_table(tmp_path):
     path.write_text(json.dumps(part))
     assert bench_md_sweep.main(["--merge", str(path), "--out", str(tmp_path)]) == 0
     table = (tmp_path / "bench_md_sweep.md").read_text()
-    assert "| carbon-3c | 216 | 34128 | 40.00 | 30.00 | 6.00 | 6.00 | 5.00x | 5.00x | 8.00 | 7.00 | 3.50 | 1.0e-04 | 3.0e-06 |" in table
-    assert "| carbon-7c | 2744 | 433552 | - | 80.00 | 80.00 | 88.00 | 1.00x | 0.91x |" in table
+    assert ("| carbon-3c | 216 | 34128 | 40.00 | 48.00 | 30.00 | 6.00 | 6.00 | 5.00x | 6.67x | 8.00x | 5.00x | 8.00 "
+            "| 7.00 | 3.50 | 1.0e-04 | 3.0e-06 |") in table
+    assert "| carbon-7c | 2744 | 433552 | - | - | 80.00 | 80.00 | 88.00 | 1.00x | - | - | 0.91x |" in table
     assert "- carbon-7c e3nn: out of memory" in table
     with pytest.raises(SystemExit, match="no parts"):
         bench_md_sweep.main(["--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)])
