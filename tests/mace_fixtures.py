@@ -113,3 +113,33 @@ def write_extxyz(path, structures) -> None:
     import ase.io
 
     ase.io.write(str(path), structures, format="extxyz")
+
+
+def assert_swap_exact(plain, swapped_class, attr: str, structures, tol: float = 1e-10):
+    """``accelerate(copy of plain)`` on the reference backend swaps every interaction block's ``attr`` for a
+    ``swapped_class``: state_dict keys and values unchanged, outputs and the parameter gradients of an energy +
+    forces loss equal to the plain model's within ``tol``, and ``restore`` puts the originals back."""
+    import mlip_accel
+    from mlip_accel.patches import mace as mace_patch
+
+    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")  # the parity self-check passes
+    swapped = [getattr(b, attr) for b in fast.interactions]
+    assert swapped and all(isinstance(s, swapped_class) for s in swapped)
+    plain_state, fast_state = plain.state_dict(), fast.state_dict()
+    assert list(plain_state) == list(fast_state)
+    assert all(torch.equal(plain_state[k], fast_state[k]) for k in plain_state)
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), tol)
+    grads = []
+    for model in (plain, fast):  # force training: parameter gradients of an energy + forces loss
+        out = evaluate(model, batch, training=True)
+        loss = out["energy"].square().sum() + out["forces"].square().sum()
+        model.zero_grad()
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any(attr in n for n in grads[0])
+    for n, ref in grads[0].items():
+        assert rel_err(grads[1][n], ref) <= tol, n
+    mace_patch.restore(fast)
+    assert not any(isinstance(m, swapped_class) for m in fast.modules())
+    assert list(fast.state_dict()) == list(plain_state)

@@ -4,8 +4,6 @@ matmul (ops.element_linear, patches.mace.skip): equal to e3nn's FullyConnectedTe
 with state_dict unchanged and covered by its parity self-check."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -13,12 +11,11 @@ pytest.importorskip("mace")
 
 import mlip_accel  # noqa: E402
 from mlip_accel.ops import element_linear as ops  # noqa: E402
-from mlip_accel.patches import mace as mace_patch  # noqa: E402
 from mlip_accel.patches.mace.skip import MACESkipLinear, plan  # noqa: E402
 from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
 from mlip_accel.testing import rel_err  # noqa: E402
 
-from mace_fixtures import assert_close, batch_for, emt_structures, evaluate  # noqa: E402
+from mace_fixtures import assert_swap_exact, emt_structures  # noqa: E402
 from test_symmetric_contraction_mace import MODELS, _model  # noqa: E402
 
 pytestmark = pytest.mark.mace
@@ -112,29 +109,7 @@ def test_other_layouts_are_left_alone():
 
 @pytest.mark.parametrize("name", ["corr2-L1", "corr3-ell3-L2", "89-elements"])
 def test_accelerate_swaps_skip_linears_state_dict_unchanged_parity(name):
-    structures = emt_structures(2, seed=4)
-    plain = _model(**MODELS[name])
-    fast = mlip_accel.accelerate(copy.deepcopy(plain), backend="reference")  # the parity self-check passes
-    skips = [b.skip_tp for b in fast.interactions]
-    assert skips and all(isinstance(s, MACESkipLinear) for s in skips)
-    plain_state, fast_state = plain.state_dict(), fast.state_dict()
-    assert list(plain_state) == list(fast_state)
-    assert all(torch.equal(plain_state[k], fast_state[k]) for k in plain_state)
-    batch = batch_for(plain, structures)
-    assert_close(evaluate(fast, batch), evaluate(plain, batch), 1e-10)
-    grads = []
-    for model in (plain, fast):  # force training: parameter gradients of an energy + forces loss
-        out = evaluate(model, batch, training=True)
-        loss = out["energy"].square().sum() + out["forces"].square().sum()
-        model.zero_grad()
-        loss.backward()
-        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys() and any("skip_tp" in n for n in grads[0])
-    for n, ref in grads[0].items():
-        assert rel_err(grads[1][n], ref) <= 1e-10, n
-    mace_patch.restore(fast)
-    assert not any(isinstance(m, MACESkipLinear) for m in fast.modules())
-    assert list(fast.state_dict()) == list(plain_state)
+    assert_swap_exact(_model(**MODELS[name]), MACESkipLinear, "skip_tp", emt_structures(2, seed=4))
 
 
 def test_failed_parity_check_puts_skip_linears_back(monkeypatch):

@@ -32,6 +32,16 @@ static __device__ __forceinline__ void sum_partials3(const T* partials, long lon
   __syncthreads();
 }
 
+// the block's kinetic energy and sum(F) into partials[block] (every thread of the block must call it)
+static __device__ __forceinline__ void record_partials(T kinetic, T forces, T* s, T* partials) {
+  kinetic = block_sum(kinetic, s);
+  forces = block_sum(forces, s);
+  if (threadIdx.x == 0) {
+    partials[2 * blockIdx.x] = kinetic;
+    partials[2 * blockIdx.x + 1] = forces;
+  }
+}
+
 static __device__ __forceinline__ void track_displacement(const T* x, const T* x_built, long long i, T* moved2) {
   T d2 = 0;
   for (int c = 0; c < 3; ++c) {
@@ -70,12 +80,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mla_md_nve_post(
       forces += f[3 * i + c];
     }
   }
-  kinetic = block_sum(kinetic, s);
-  forces = block_sum(forces, s);
-  if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = kinetic;
-    partials[2 * blockIdx.x + 1] = forces;
-  }
+  record_partials(kinetic, forces, s, partials);
 }
 
 // NVT, before the model, up to the move: this step's noise, Langevin's random terms and velocity, the move
@@ -165,12 +170,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK) mla_md_nvt_momentum(
       forces += f[3 * i + c];
     }
   }
-  kinetic = block_sum(kinetic, s);
-  forces = block_sum(forces, s);
-  if (threadIdx.x == 0) {
-    partials[2 * blockIdx.x] = kinetic;
-    partials[2 * blockIdx.x + 1] = forces;
-  }
+  record_partials(kinetic, forces, s, partials);
 }
 
 // The step's record, one block: records[index + 1] = (energy, kinetic energy, sum(F) + energy); index += 1
