@@ -19,11 +19,6 @@ sys.path.insert(0, os.path.dirname(HERE))  # mlip_accel from this working tree w
 sys.path.insert(0, HERE)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().cpu(), b.double().cpu()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
 def forces(model, graph_structure, device) -> torch.Tensor:
     from mlip_accel.integrations.potentials import potential_from_model
 
@@ -42,6 +37,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     import bench_md
     from bench_graphs import build_graph
+
+    from mlip_accel.testing import rel_err as _rel
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     base32 = bench_md.build_mace(torch.float32)

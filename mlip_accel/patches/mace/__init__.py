@@ -204,14 +204,14 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
     check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)
-    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model), mace_radial.plan(model))
-             for model in models]
+    plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model)) for model in models]
     with swap_transaction() as undo:
-        for model, (blocks, products, skips, radials) in zip(models, plans):
+        for model, (blocks, products, skips) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None
             convs = _install(blocks, backend, deterministic)
             undo.append(lambda convs=convs: _uninstall(convs))
+            radials = mace_radial.candidates(model)
             unfolded = mace_radial.unfold(radials)  # e3nn's radial MLPs back while edge streaming decides
             undo.append(lambda unfolded=unfolded: mace_radial.uninstall(unfolded))
             streams = _install_streaming(model, blocks, stream_edges, stream_chunk_edges)
@@ -220,7 +220,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             skip_undo = mace_skip.install(skips, backend)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
-            folded = mace_radial.install(mace_radial.candidates(model))  # the blocks not streamed
+            folded = mace_radial.install(radials)  # the blocks not streamed
             undo.append(lambda folded=folded: mace_radial.uninstall(folded))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:

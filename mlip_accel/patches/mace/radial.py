@@ -92,12 +92,6 @@ def candidates(model) -> list:
     return [b for b in getattr(model, "interactions", []) if hasattr(b, "conv_tp_weights")]
 
 
-def plan(model) -> list:
-    """The interaction blocks whose ``conv_tp_weights`` is folded or can be."""
-    return [b for b in candidates(model)
-            if isinstance(b.conv_tp_weights, FoldedRadialMLP) or _foldable(b.conv_tp_weights) is not None]
-
-
 def install(blocks) -> list:
     """Fold each block's radial MLP where it is e3nn's (a streamed block holds another module: left alone);
     undo records for :func:`uninstall`."""

@@ -112,24 +112,25 @@ def install(blocks, backend: str = "auto") -> list:
     """Swap into ``blocks`` (or set the backend where already swapped); undo records for :func:`uninstall`."""
     undo = []
     for block in blocks:
-        if isinstance(block.skip_tp, MACESkipLinear):
-            undo.append((block, block.skip_tp.backend))
-            block.skip_tp.backend = backend
+        skip = block.skip_tp
+        if isinstance(skip, MACESkipLinear):
+            undo.append((block, skip, skip.backend))
+            skip.backend = backend
             continue
-        original = block.skip_tp
-        fast = MACESkipLinear(original, backend)
-        fast.train(original.training)
-        undo.append((block, original))
+        fast = MACESkipLinear(skip, backend)
+        fast.train(skip.training)
+        undo.append((block, skip, None))
         block.skip_tp = fast
     return undo
 
 
 def uninstall(undo) -> None:
-    for block, original in reversed(undo):
-        if isinstance(original, str):  # the backend it had before
-            block.skip_tp.backend = original
+    """Records as mace_symmetric's: (block, module before, its backend before or None when it was swapped in)."""
+    for block, skip, backend in reversed(undo):
+        if backend is None:
+            block.skip_tp = skip
         else:
-            block.skip_tp = original
+            skip.backend = backend
 
 
 def plain(model):
