@@ -1,0 +1,78 @@
+"""``exact_mm(a, b)``: ``a @ b`` for 2-D tensors, on CUDA float32 through a tensor-core kernel with float32
+accuracy ("3xTF32": each operand split into two TF32 parts, three tensor-core products; codegen.split_matmul),
+elsewhere ``torch.mm``.
+
+For MACE's radial MLP last layer, whose skinny float32 products (``[E, 64] @ [64, N]``, the input gradient
+``[E, N] @ [N, 64]``, the weight gradient ``[64, E] @ [E, N]``) cuBLAS runs on its float32 SIMT path. Plain TF32
+would be faster still but errs by ~3e-4; this matches float32's accuracy. The kernel runs when the backend
+resolves to "cuda" (ops.backends.resolve: "auto" on a GPU with CuPy) for float32 tensors; torch.mm runs for
+float64, on the CPU, under torch.compile and for functorch-wrapped tensors (vmap, grad). The backward is made of
+``exact_mm`` itself (``grad_a = g @ b^T``, ``grad_b = a^T @ g``, the transposes read in place), so derivatives
+of any order work. Deterministic: a fixed summation order, no atomics (the long-k products are split along k
+and the parts summed in order by a second kernel).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import backends
+
+DTYPES = (torch.float32, torch.float64)
+
+
+def _runtime():
+    from ..runtime import split_matmul as runtime  # imports no CuPy until a kernel is launched
+    return runtime
+
+
+def _plain(*ts: Tensor) -> bool:
+    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
+
+
+def _apply(a: Tensor, b: Tensor, kernel: bool) -> Tensor:
+    if kernel and _plain(a, b) and a.dtype == torch.float32 and a.is_cuda:
+        return _runtime().matmul(a, b)
+    return torch.mm(a, b)
+
+
+class _ExactMM(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(a, b, kernel):
+        return _apply(a, b, kernel)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        a, b, kernel = inputs
+        ctx.save_for_backward(a, b)
+        ctx.kernel = kernel
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = _ExactMM.apply(grad, b.t(), ctx.kernel) if ctx.needs_input_grad[0] else None
+        gb = _ExactMM.apply(a.t(), grad, ctx.kernel) if ctx.needs_input_grad[1] else None
+        return ga, gb, None
+
+
+def exact_mm(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
+    """``a [m, k] @ b [k, n]`` (float32 or float64, one device) with float32 accuracy on CUDA float32 tensors
+    (the 3xTF32 kernel), ``torch.mm`` elsewhere; differentiable to any order. ``backend`` as everywhere ("auto",
+    "cuda", "reference"; ops.backends.resolve decides; "cuda" on CPU tensors raises BackendUnavailable)."""
+    backends.check_backend_name(backend)
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise ValueError(f"exact_mm: two tensors expected, got {type(a).__name__} and {type(b).__name__}")
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"exact_mm: 2-D tensors expected, got shapes {list(a.shape)} and {list(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"exact_mm: shapes {list(a.shape)} and {list(b.shape)} cannot be multiplied "
+                         f"({a.shape[1]} != {b.shape[0]})")
+    if a.dtype not in DTYPES or b.dtype != a.dtype:
+        raise ValueError(f"exact_mm: both tensors float32 or both float64 expected, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"exact_mm: both tensors on one device expected, got {a.device} and {b.device}")
+    kernel = (backends.resolve(backend, a.device) == "cuda" and a.dtype == torch.float32
+              and not torch.compiler.is_compiling())
+    return _ExactMM.apply(a, b, kernel)
