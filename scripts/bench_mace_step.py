@@ -121,12 +121,15 @@ def profile_case(step, path: str, rows: int = 40) -> None:
     """One more step under torch.profiler: the operations and kernels by GPU time, written to ``path``."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         step()
         torch.cuda.synchronize()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         f.write(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=70))
+    with open(path.replace(".txt", "_shapes.txt"), "w") as f:  # which tensors (edge- or node-sized) cost what
+        f.write(prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cuda_time_total", row_limit=2 * rows, max_name_column_width=50, max_shapes_column_width=70))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -174,13 +174,15 @@ ELEMENT_LINEAR_SHAPES = [(1, 128, 128), (3, 128, 128), (5, 128, 128), (7, 128, 1
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_element_linear_compiles_with_nvrtc(dtype, arch):
-    from mlip_accel.codegen.element_linear import ElementLinearSpec, generate_element_linear
+    from mlip_accel.codegen.element_linear import (ElementLinearSpec, ElementWeightGradSpec, generate_element_linear,
+                                                   generate_element_weight_grad)
 
     for rows, inner, cols in ELEMENT_LINEAR_SHAPES:
-        kernel = generate_element_linear(ElementLinearSpec(rows, inner, cols, dtype))
-        size, error = _compile((kernel.source, arch, kernel.plan.kernel))
-        assert error is None, error
-        assert size > 0
+        for kernel in (generate_element_linear(ElementLinearSpec(rows, inner, cols, dtype)),
+                       generate_element_weight_grad(ElementWeightGradSpec(rows, inner, cols, dtype))):
+            size, error = _compile((kernel.source, arch, kernel.plan.kernel))
+            assert error is None, error
+            assert size > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import cuda_emulator
-from mlip_accel.codegen.element_linear import ElementLinearSpec, generate_element_linear
+from mlip_accel.codegen.element_linear import (ElementLinearSpec, ElementWeightGradSpec, generate_element_linear,
+                                               generate_element_weight_grad)
 from mlip_accel.codegen.launch_plan import LaunchPlan
 from mlip_accel.ops import element_linear as ops
 from mlip_accel.runtime import element_linear as runtime
@@ -96,6 +97,66 @@ def test_functorch_transforms_take_the_torch_path(emulated):
     assert rel_err(batched, _dense(x, torch.zeros_like(elements), w)) <= 1e-14
 
 
+def _dense_weight_grad(x, elements, g, num_elements):
+    out = torch.zeros(num_elements, x.shape[2], g.shape[2], dtype=torch.float64)
+    keep = (elements >= 0) & (elements < num_elements)
+    return out.index_add_(0, elements[keep], torch.einsum("bmu,bmv->buv", x.double()[keep], g.double()[keep]))
+
+
+def test_weight_grad_plan_states_the_launch_contract():
+    kernel = generate_element_weight_grad(ElementWeightGradSpec(3, 40, 7, "float32"))
+    plan = kernel.plan
+    assert LaunchPlan.from_json(plan.to_json()) == plan
+    assert plan.grid.items == "blocks" and plan.grid.threads_per_item == plan.grid.block_threads == 256
+    assert [a.name for a in plan.arguments] == ["x", "g", "order", "offsets", "partial", "blocks", "num_elements",
+                                                "splits"]
+    assert ElementWeightGradSpec(3, 40, 7, "float32").tiles == 2
+    with pytest.raises(ValueError, match="cols"):
+        ElementWeightGradSpec(1, 2, 0, "float32")
+
+
+@emulated_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+@pytest.mark.parametrize("shape,split_rows", [((1, 4, 3, 2), 1024), ((3, 33, 40, 5), 16), ((5, 7, 65, 2), 40)],
+                         ids=["l0", "l1-ragged-split", "l2-ragged-split"])  # the emulator: a thread per thread
+def test_emulated_weight_grad_equals_dense_sum(emulated, monkeypatch, shape, split_rows, dtype):
+    rows, inner, cols, num_elements = shape
+    monkeypatch.setattr(runtime, "SPLIT_ROWS", split_rows)  # small: several ranges per element on few nodes
+    x, elements, _ = _inputs(23, rows, inner, cols, num_elements, dtype, seed=5)
+    g = torch.randn(23, rows, cols, dtype=torch.float64).to(dtype)
+    elements[3] = num_elements  # out of range: adds nothing (its forward rows are NaN)
+    elements[4] = -1
+    gw = runtime.weight_grad(x, g, elements, num_elements)
+    assert gw.dtype == dtype and gw.shape == (num_elements, inner, cols)
+    assert rel_err(gw, _dense_weight_grad(x, elements, g, num_elements)) <= TOL[dtype]
+    assert torch.equal(gw, runtime.weight_grad(x, g, elements, num_elements))  # fixed ranges, fixed order
+    assert emulated.launches[-1][0] == ElementWeightGradSpec(rows, inner, cols, str(dtype)[6:]).kernel_name
+    splits = runtime.splits_for(23 * rows, num_elements, inner * cols)
+    assert (splits > 1) == (split_rows < 1024)
+
+
+@emulated_only
+def test_training_backward_runs_the_weight_grad_kernel_to_third_order(emulated, monkeypatch):
+    monkeypatch.setattr(runtime, "SPLIT_ROWS", 2)  # two ranges per element: the splits' sum differentiated too
+    x, elements, w = _inputs(4, 1, 2, 3, 2, torch.float64, seed=6)
+    elements = torch.tensor([0, 1, 1, 0])
+    g = torch.randn(4, 1, 3, dtype=torch.float64, requires_grad=True)
+    x.requires_grad_()
+    wgrad = lambda a, b: ops._ElementWeightGrad.apply(a, elements, b, 2, True)  # noqa: E731
+    assert torch.autograd.gradcheck(wgrad, (x, g))
+    assert torch.autograd.gradgradcheck(wgrad, (x, g))
+    w.requires_grad_()
+    kernel = lambda a, b: ops._ElementLinear.apply(a, elements, b, True)  # noqa: E731
+    assert torch.autograd.gradgradcheck(kernel, (x, w))  # gW's backward: the linear map on the kernel again
+    names = []
+    y = kernel(x, w)
+    before = len(emulated.launches)
+    (gw,) = torch.autograd.grad((y * g).sum(), w, create_graph=True)
+    names += [n for n, *_ in emulated.launches[before:]]
+    assert any("wgrad" in n for n in names)
+    assert rel_err(gw, _dense_weight_grad(x, elements, g, 2)) <= 1e-14
+
+
 def test_the_op_runs_torch_on_the_cpu_and_under_reference():
     x, elements, w = _inputs(6, 3, 4, 5, 3, torch.float64, seed=3)
     for backend in ("auto", "reference"):
@@ -129,3 +190,21 @@ def test_gpu_kernel_equals_torch_path_every_direction(dtype):
     bad[5] = 89
     y = ops.element_linear(x.detach(), bad, w.detach(), "cuda")
     assert torch.isnan(y[5]).all() and not torch.isnan(y[:5]).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_gpu_weight_grad_one_element_many_nodes(dtype):
+    # carbon: every node one element, so the element's rows are cut into many ranges (splits)
+    from mlip_accel.runtime import debug
+
+    x, elements, _ = _inputs(20011, 3, 128, 96, 1, dtype, seed=7, device="cuda")
+    elements = torch.full_like(elements, 0)
+    g = torch.randn(20011, 3, 96, dtype=dtype, device="cuda")
+    assert runtime.splits_for(20011 * 3, 89, 128 * 96) > 1
+    with debug.poison():
+        gw = runtime.weight_grad(x, g, elements, 89)
+    want = _dense_weight_grad(x.cpu(), elements.cpu(), g.cpu(), 89)
+    assert rel_err(gw.cpu(), want) <= (1e-5 if dtype == torch.float32 else 1e-12)
+    assert not gw[1:].any()
+    assert torch.equal(gw, runtime.weight_grad(x, g, elements, 89))

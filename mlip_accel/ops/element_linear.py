@@ -7,12 +7,15 @@ component). On CUDA (backend "cuda", or "auto" where the kernels run) a generate
 and direction. Elsewhere (CPU, torch.compile, functorch transforms such as MACE's vmap over autograd.grad) each
 node's own ``U x V`` matrix is gathered and applied with a batched matmul, in chunks of nodes so the gathered
 matrices never all exist at once (``CHUNK x U x V``). The input gradient is the same map with the weights
-transposed per element, so autograd works to any order (the backward is made of this op and differentiable
-torch operations). The weight gradient (training) is summed per element with a one-hot matmul per chunk, in a
-fixed order: deterministic, no atomics.
+transposed per element, so autograd works to any order (the backward is made of this op and of the weight
+gradient, whose own backward is this op again). The weight gradient (training) is a second kernel over the
+nodes sorted by element (runtime.element_linear.weight_grad); elsewhere a one-hot matmul per chunk. Both sum
+in a fixed order: deterministic, no atomics.
 
-Measured on an H100 before the kernel: the gathered-weight matmuls of MACE-MP-0-medium's two skip linears were
-168 ``gemv2N`` launches and 14.4 ms of an 8 x 1000-atom TorchSim call (benchmarks/profile_torchsim_h100.mace.txt).
+Measured on an H100 before the kernels: the gathered-weight matmuls of MACE-MP-0-medium's two skip linears were
+168 ``gemv2N`` launches and 14.4 ms of an 8 x 1000-atom TorchSim call (benchmarks/profile_torchsim_h100.mace.txt);
+the one-hot weight gradient ~10 ms of a force-training step at 8000 atoms (benchmarks/skip_linear_notes.md): it
+multiplies by every one of MACE's 89 elements.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def _apply(x: Tensor, elements: Tensor, weight: Tensor, kernel: bool = False) ->
 
 
 def _weight_grad(x: Tensor, elements: Tensor, grad: Tensor, num_elements: int) -> Tensor:
-    """sum over the nodes of each element of x[b]^T grad[b]: [E, U, V] (differentiable torch operations)."""
+    """sum over the nodes of each element of x[b]^T grad[b]: [E, U, V] (torch operations)."""
     total = None
     classes = torch.arange(num_elements, device=x.device)
     for s in range(0, x.shape[0], CHUNK):
@@ -77,8 +80,36 @@ class _ElementLinear(torch.autograd.Function):
         grad = grad.contiguous()
         gx = (_ElementLinear.apply(grad, elements, weight.transpose(1, 2), ctx.kernel)
               if ctx.needs_input_grad[0] else None)
-        gw = _weight_grad(x, elements, grad, weight.shape[0]) if _weights_wanted(ctx, weight) else None
+        gw = (_ElementWeightGrad.apply(x, elements, grad, weight.shape[0], ctx.kernel)
+              if _weights_wanted(ctx, weight) else None)
         return gx, None, gw, None
+
+
+class _ElementWeightGrad(torch.autograd.Function):
+    """``gW[e] = sum over element e's nodes b of x[b]^T g[b]``; its backward is the element linear map itself:
+    d/dx = g @ G[e]^T, d/dg = x @ G[e]."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, elements, grad, num_elements, kernel):
+        if kernel and _plain(x, elements, grad):
+            return _runtime().weight_grad(x.contiguous(), grad.contiguous(), elements.contiguous(), num_elements)
+        return _weight_grad(x, elements, grad, num_elements)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], inputs[1], inputs[2])
+        ctx.kernel = inputs[4]
+
+    @staticmethod
+    def backward(ctx, gw_grad):
+        x, elements, grad = ctx.saved_tensors
+        gw_grad = gw_grad.contiguous()
+        gx = (_ElementLinear.apply(grad, elements, gw_grad.transpose(1, 2), ctx.kernel)
+              if ctx.needs_input_grad[0] else None)
+        gg = _ElementLinear.apply(x, elements, gw_grad, ctx.kernel) if ctx.needs_input_grad[2] else None
+        return gx, None, gg, None, None
 
 
 def element_linear(x: Tensor, elements: Tensor, weight: Tensor, backend: str = "auto") -> Tensor:

@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen.element_linear import ElementLinearSpec, generate_element_linear
+from ..codegen.element_linear import (ElementLinearSpec, ElementWeightGradSpec, generate_element_linear,
+                                      generate_element_weight_grad)
 from ..codegen.launch_plan import GeneratedKernel
 from .launch_plan import launch, written
 
 _DTYPES = {torch.float32: "float32", torch.float64: "float64"}
-_KERNELS: dict[ElementLinearSpec, GeneratedKernel] = {}
+_KERNELS: dict[ElementLinearSpec | ElementWeightGradSpec, GeneratedKernel] = {}
+SPLIT_ROWS = 1024  # rows (node components) per split of an element's weight-gradient sum, at least
+SPLIT_SCRATCH = 1 << 23  # elements of the [splits, E, U, V] partial sums, at most (32 MiB in fp32)
 
 
 def kernel_for(rows: int, inner: int, cols: int, dtype: torch.dtype) -> GeneratedKernel:
     if dtype not in _DTYPES:
         raise TypeError(f"the element-linear kernel takes float32 or float64, got {dtype}")
-    spec = ElementLinearSpec(rows, inner, cols, _DTYPES[dtype])
+    return _cached(ElementLinearSpec(rows, inner, cols, _DTYPES[dtype]), generate_element_linear)
+
+
+def weight_grad_kernel_for(rows: int, inner: int, cols: int, dtype: torch.dtype) -> GeneratedKernel:
+    if dtype not in _DTYPES:
+        raise TypeError(f"the element-linear kernel takes float32 or float64, got {dtype}")
+    return _cached(ElementWeightGradSpec(rows, inner, cols, _DTYPES[dtype]), generate_element_weight_grad)
+
+
+def _cached(spec, generate) -> GeneratedKernel:
     hit = _KERNELS.get(spec)
     if hit is None:
-        hit = _KERNELS[spec] = generate_element_linear(spec)
+        hit = _KERNELS[spec] = generate(spec)
     return hit
 
 
@@ -31,3 +43,27 @@ def forward(x: torch.Tensor, elements: torch.Tensor, weight: torch.Tensor) -> to
     kernel = kernel_for(m, u, v, x.dtype)
     launch(kernel, kernel.plan, dict(x=x, elements=elements, weight=weight, y=y, nodes=b, num_elements=e), x.device)
     return y
+
+
+def splits_for(rows: int, num_elements: int, matrix: int) -> int:
+    """How many ranges each element's rows are cut into: enough blocks for a one-element system of many nodes,
+    at most SPLIT_SCRATCH partial sums in all."""
+    return max(1, min(rows // SPLIT_ROWS, SPLIT_SCRATCH // max(1, num_elements * matrix), 256))
+
+
+def weight_grad(x: torch.Tensor, g: torch.Tensor, elements: torch.Tensor, num_elements: int) -> torch.Tensor:
+    """``x [B, M, U]``, ``g [B, M, V]`` (contiguous, one dtype), ``elements [B]`` int64 -> ``[num_elements, U,
+    V]``: each element's sum of ``x[b]^T g[b]`` over its nodes. Nodes whose element is out of range add
+    nothing. Deterministic: fixed ranges summed in a fixed order."""
+    b, m, u = x.shape
+    v = g.shape[2]
+    order = torch.argsort(elements, stable=True)
+    offsets = torch.searchsorted(elements.index_select(0, order),
+                                 torch.arange(num_elements + 1, device=elements.device, dtype=elements.dtype))
+    kernel = weight_grad_kernel_for(m, u, v, x.dtype)
+    splits = splits_for(b * m, num_elements, u * v)
+    partial = written((splits, num_elements, u, v), x)
+    blocks = num_elements * splits * ElementWeightGradSpec(m, u, v, _DTYPES[x.dtype]).tiles
+    launch(kernel, kernel.plan, dict(x=x, g=g, order=order, offsets=offsets, partial=partial, blocks=blocks,
+                                     num_elements=num_elements, splits=splits), x.device)
+    return partial[0] if splits == 1 else partial.sum(0)
