@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>  // expf / exp (the activation kernels)
 
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;

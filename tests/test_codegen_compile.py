@@ -186,6 +186,18 @@ def test_element_linear_compiles_with_nvrtc(dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_kernels_compile_with_nvrtc(dtype, arch):
+    from mlip_accel.codegen.activation import silu_program
+
+    program = silu_program(dtype)
+    for plan in program.plans:
+        size, error = _compile((program.source, arch, plan.kernel))
+        assert error is None, error
+        assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_md_update_kernels_compile_with_nvrtc(arch):
     from mlip_accel.codegen.md_update import KERNELS, md_update_program
 

@@ -110,13 +110,25 @@ def test_failed_parity_check_puts_radial_mlps_back(monkeypatch):
 def test_folded_on_gpu_equals_e3nn_fp32():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
+    from mlip_accel.runtime import activation
+
     net = _fcn([8, 64, 64, 64, 1280], torch.float32).cuda()  # MACE-MP-0-medium's second interaction
-    folded = FoldedRadialMLP(net)
+    folded = FoldedRadialMLP(net, backend="cuda")
     x = torch.randn(20000, 8, device="cuda", requires_grad=True)
     v = torch.randn(20000, 1280, device="cuda")
+    u = torch.randn(20000, 8, device="cuda")
     got, want = [], []
-    for module, into in ((net, want), (folded, got)):
-        out = module(x)
-        into += [out, *torch.autograd.grad((out * v).sum(), (x, *net.parameters()))]
+    calls = []
+    grad2 = activation.silu_grad2
+    activation.silu_grad2 = lambda *a: calls.append(1) or grad2(*a)
+    try:
+        for module, into in ((net, want), (folded, got)):
+            out = module(x)
+            gx, *gp = torch.autograd.grad((out * v).sum(), (x, *net.parameters()), create_graph=True)
+            # a force-training step's second derivative: through silu's backward
+            into += [out, gx, *gp, *torch.autograd.grad((gx * u).sum(), (x, *net.parameters()))]
+    finally:
+        activation.silu_grad2 = grad2
+    assert len(calls) == 3  # the fused second derivative ran once per hidden layer, in the folded module only
     for ours, theirs in zip(got, want):
         assert rel_err(ours, theirs) <= 1e-5

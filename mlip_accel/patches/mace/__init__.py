@@ -220,7 +220,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             skip_undo = mace_skip.install(skips, backend)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
-            folded = mace_radial.install(radials)  # the blocks not streamed
+            folded = mace_radial.install(radials, backend)  # the blocks not streamed
             undo.append(lambda folded=folded: mace_radial.uninstall(folded))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:

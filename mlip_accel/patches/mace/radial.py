@@ -19,23 +19,34 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.activation import silu as fused_silu
 from ..common import originals_in
 
 
 class _FoldedLayer(torch.nn.Module):
-    """``silu?(x @ (weight * scale))``: ``weight`` is the e3nn layer's own parameter (shared)."""
+    """``silu?(x @ (weight * scale))``: ``weight`` is the e3nn layer's own parameter (shared). silu's derivatives
+    run as fused kernels on CUDA (ops.activation: a force-training step's double backward is one pass per
+    layer instead of ~9); a scripted module runs torch's silu."""
 
-    def __init__(self, weight: torch.nn.Parameter, scale: float, silu: bool):
+    def __init__(self, weight: torch.nn.Parameter, scale: float, silu: bool, backend: str = "auto"):
         super().__init__()
         self.weight = weight
         self.scale = float(scale)
         self.silu = bool(silu)
+        self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x @ (self.weight * self.scale)
         if self.silu:
-            x = torch.nn.functional.silu(x)
+            if torch.jit.is_scripting():
+                x = torch.nn.functional.silu(x)
+            else:
+                x = self._silu(x)
         return x
+
+    @torch.jit.unused
+    def _silu(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_silu(x, self.backend)
 
 
 def _foldable(radial) -> list | None:
@@ -72,13 +83,13 @@ class FoldedRadialMLP(torch.nn.Sequential):
     __jit_unused_properties__ = ["original"]
     __jit_ignored_attributes__ = ["_original"]
 
-    def __init__(self, original: torch.nn.Module):
+    def __init__(self, original: torch.nn.Module, backend: str = "auto"):
         layers = _foldable(original)
         if layers is None:
             raise ValueError(f"not an e3nn FullyConnectedNet of silu hidden layers: {type(original).__name__}")
         super().__init__()
         for i, (weight, scale, silu) in enumerate(layers):
-            self.add_module(f"layer{i}", _FoldedLayer(weight, scale, silu))
+            self.add_module(f"layer{i}", _FoldedLayer(weight, scale, silu, backend))
         self.hs = list(getattr(original, "hs", []))
         self._original = (original,)  # outside the module tree: restore() puts it back
 
@@ -92,15 +103,15 @@ def candidates(model) -> list:
     return [b for b in getattr(model, "interactions", []) if hasattr(b, "conv_tp_weights")]
 
 
-def install(blocks) -> list:
+def install(blocks, backend: str = "auto") -> list:
     """Fold each block's radial MLP where it is e3nn's (a streamed block holds another module: left alone);
-    undo records for :func:`uninstall`."""
+    ``backend`` runs silu's derivatives (ops.activation); undo records for :func:`uninstall`."""
     undo = []
     for block in blocks:
         radial = block.conv_tp_weights
         if _foldable(radial) is None:
             continue
-        fast = FoldedRadialMLP(radial)
+        fast = FoldedRadialMLP(radial, backend)
         fast.train(radial.training)
         undo.append((block, radial))
         block.conv_tp_weights = fast
