@@ -6,7 +6,7 @@
 #                  (STEP_ARGS overrides; BENCH_ARGS adds bench_symcon.py's product blocks)
 set -uo pipefail
 export OUT=${OUT:-$PWD/gpu_check_mace_step_out}
-export GPU_TESTS="test_element_linear_kernel.py test_mace_skip_linear.py test_mace_radial_fold.py"
+export GPU_TESTS=${GPU_TESTS:-"test_silu_kernels.py test_element_linear_kernel.py test_mace_skip_linear.py test_mace_radial_fold.py"}
 export BENCH_ARGS=${BENCH_ARGS:-none} LIMITS="0 120 75" LIMIT_STEP=360
 export STEP_ARGS=${STEP_ARGS:---sizes 5 10 11 --dtypes float32 --modes md train --impls mlip_accel cueq --time-budget 340}
 exec bash "$(dirname "$0")/gpu_check_symcon.sh"

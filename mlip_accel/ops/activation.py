@@ -1,11 +1,11 @@
-"""``silu(z)`` whose first and second derivatives are fused kernels on CUDA (codegen.activation).
+"""``silu(z)`` whose second derivative is a fused kernel on CUDA (codegen.activation).
 
-The forward is torch's silu. Its backward ``gy * silu'(z)`` is one kernel (as torch's own), and the backward of
-that (what a force-training step differentiates: forces are a first derivative, the loss's gradient to the
-parameters a second) is one kernel with two outputs, where torch's autograd composes ~9 elementwise passes.
-The third derivative is made of differentiable torch operations, so any order works. Elsewhere (CPU, float16,
-torch.compile, functorch transforms) the same formulas run as torch operations. The numbers are torch's up to
-rounding: the formulas are those of torch's ``silu_backward`` and their derivatives.
+The forward is torch's silu and its backward torch's ``silu_backward`` (``gy * silu'(z)``, one pass: forces are
+bitwise torch's). The backward of that, which a force-training step differentiates (forces are a first
+derivative, the loss's gradient to the parameters a second), is one kernel with two outputs where torch's
+autograd composes ~9 elementwise passes. The third derivative is made of differentiable torch operations, so any
+order works. Elsewhere (CPU, float16, torch.compile, functorch transforms) the kernel's formulas run as torch
+operations (silu's derivatives, as torch's ``silu_backward`` computes the first).
 """
 from __future__ import annotations
 
@@ -37,16 +37,13 @@ def _kernel(kernel: bool, *ts: Tensor) -> bool:
 
 
 class _SiluGrad(torch.autograd.Function):
-    """``gy * silu'(z)``."""
+    """``gy * silu'(z)``: torch's silu_backward; its own backward fused."""
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(z, gy, kernel):
-        if _kernel(kernel, z, gy):
-            return _runtime().silu_grad(z.contiguous(), gy.contiguous())
-        s = torch.sigmoid(z)
-        return gy * (s * (1 + z * (1 - s)))
+        return torch.ops.aten.silu_backward(gy, z)
 
     @staticmethod
     def setup_context(ctx, inputs, output):

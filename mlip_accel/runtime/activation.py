@@ -1,4 +1,4 @@
-"""Launching silu's derivative kernels (codegen.activation) through the one launch path. Importing this imports
+"""Launching silu's second-derivative kernel (codegen.activation) through the one launch path. Importing this imports
 no CuPy."""
 from __future__ import annotations
 
@@ -16,17 +16,9 @@ def _program(z: torch.Tensor):
     return silu_program(_DTYPES[z.dtype])
 
 
-def silu_grad(z: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
-    """``gy * silu'(z)`` (contiguous tensors of one shape, dtype and device)."""
-    program = _program(z)
-    gz = written(z.shape, z)
-    launch(program, program.plans[0], dict(z=z, gy=gy, gz=gz, n=z.numel()), z.device)
-    return gz
-
-
 def silu_grad2(z: torch.Tensor, gy: torch.Tensor, ggz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ggz * gy * silu''(z), ggz * silu'(z))``."""
     program = _program(z)
     dz, dgy = written(z.shape, z), written(z.shape, z)
-    launch(program, program.plans[1], dict(z=z, gy=gy, ggz=ggz, dz=dz, dgy=dgy, n=z.numel()), z.device)
+    launch(program, program.plans[0], dict(z=z, gy=gy, ggz=ggz, dz=dz, dgy=dgy, n=z.numel()), z.device)
     return dz, dgy
