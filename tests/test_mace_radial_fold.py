@@ -110,17 +110,25 @@ def test_failed_parity_check_puts_radial_mlps_back(monkeypatch):
 def test_folded_on_gpu_equals_e3nn_fp32():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from mlip_accel.runtime import activation
+    from mlip_accel.runtime import activation, split_matmul
 
     net = _fcn([8, 64, 64, 64, 1280], torch.float32).cuda()  # MACE-MP-0-medium's second interaction
     folded = FoldedRadialMLP(net, backend="cuda")
-    x = torch.randn(20000, 8, device="cuda", requires_grad=True)
-    v = torch.randn(20000, 1280, device="cuda")
-    u = torch.randn(20000, 8, device="cuda")
+    edges = 70000  # above split_matmul's TALL: the last layer's forward and weight gradient take the 3xTF32 kernel
+    x = torch.randn(edges, 8, device="cuda", requires_grad=True)
+    v = torch.randn(edges, 1280, device="cuda")
+    u = torch.randn(edges, 8, device="cuda")
     got, want = [], []
-    calls = []
-    grad2 = activation.silu_grad2
-    activation.silu_grad2 = lambda *a: calls.append(1) or grad2(*a)
+    calls = {"silu": 0, "mm": 0}
+    grad2, matmul = activation.silu_grad2, split_matmul.matmul
+
+    def count(name, fn):
+        def counted(*a):
+            calls[name] += 1
+            return fn(*a)
+        return counted
+
+    activation.silu_grad2, split_matmul.matmul = count("silu", grad2), count("mm", matmul)
     try:
         for module, into in ((net, want), (folded, got)):
             out = module(x)
@@ -128,7 +136,10 @@ def test_folded_on_gpu_equals_e3nn_fp32():
             # a force-training step's second derivative: through silu's backward
             into += [out, gx, *gp, *torch.autograd.grad((gx * u).sum(), (x, *net.parameters()))]
     finally:
-        activation.silu_grad2 = grad2
-    assert len(calls) == 3  # the fused second derivative ran once per hidden layer, in the folded module only
+        activation.silu_grad2, split_matmul.matmul = grad2, matmul
+    assert calls["silu"] == 3  # the fused second derivative ran once per hidden layer, in the folded module only
+    # the kernel where it pays: forward, weight gradient, and the input gradient's derivative by grad (all
+    # [E, 64] x [64, 1280] or its reduction); cuBLAS for the input gradient [E, 1280] @ [1280, 64]
+    assert calls["mm"] == 3
     for ours, theirs in zip(got, want):
         assert rel_err(ours, theirs) <= 1e-5

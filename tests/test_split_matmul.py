@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mlip_accel.codegen.split_matmul import SplitMatmulSpec, generate_split_matmul
+from mlip_accel.ops import split_matmul as ops
 from mlip_accel.ops.split_matmul import exact_mm
 from mlip_accel.runtime import split_matmul as runtime
 
@@ -209,3 +210,20 @@ def test_gpu_fp64_and_empty_take_torch_mm():
     assert exact_mm(torch.randn(0, 3, device="cuda"), torch.randn(3, 4, device="cuda"), "cuda").shape == (0, 4)
     z = exact_mm(torch.randn(5, 0, device="cuda"), torch.randn(0, 4, device="cuda"), "cuda")
     assert torch.equal(z, torch.zeros(5, 4, device="cuda"))
+
+
+def test_kernel_pays_where_measured_faster():
+    from mlip_accel.ops.split_matmul import kernel_pays
+
+    e = 1_264_000
+    assert kernel_pays(e, 64, 1280) and kernel_pays(e, 64, 512)  # radial last layer forward
+    assert kernel_pays(64, e, 1280) and not kernel_pays(64, e, 512)  # weight gradient
+    assert not kernel_pays(e, 1280, 64) and not kernel_pays(e, 512, 64)  # input gradient: cuBLAS
+    assert not kernel_pays(1000, 64, 1280) and not kernel_pays(e, 64, 64)  # small or square: cuBLAS
+
+
+def test_where_faster_runs_torch_mm_on_the_cpu():
+    a = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.equal(ops.exact_mm(a, b, where_faster=True), torch.mm(a, b))
+    assert torch.autograd.gradgradcheck(lambda p, q: ops.exact_mm(p, q, where_faster=True), (a, b))

@@ -30,7 +30,22 @@ def _plain(*ts: Tensor) -> bool:
     return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
 
 
-def _apply(a: Tensor, b: Tensor, kernel: bool) -> Tensor:
+WHERE_FASTER = "where_faster"  # the kernel mode that runs it only on the shapes where it beat cuBLAS
+TALL = 65536  # rows (edges) from which the kernel's wins below were measured
+
+
+def kernel_pays(m: int, k: int, n: int) -> bool:
+    """Whether ``[m, k] @ [k, n]`` ran faster through the kernel than through cuBLAS's float32 on an H100
+    (benchmarks/bench_split_matmul_h100.md, E = 158,000 and 1,264,000 edges): a tall output from a short k
+    (MACE's radial last layer forward, k = 64, n = 512 / 1280: 1.14-1.22x), and the weight gradient that reduces
+    a tall k into a short output with n = 1280 (1.45-1.52x; at n = 512 it lost, 0.60-0.83x). The input gradient
+    ([E, n] @ [n, 64]) lost everywhere (0.63-0.97x): cuBLAS runs it."""
+    return (k <= 64 and n >= 512 and m >= TALL) or (m <= 64 and n >= 1024 and k >= TALL)
+
+
+def _apply(a: Tensor, b: Tensor, kernel) -> Tensor:
+    if kernel == WHERE_FASTER:
+        kernel = kernel_pays(a.shape[0], a.shape[1], b.shape[1])
     if kernel and _plain(a, b) and a.dtype == torch.float32 and a.is_cuda:
         return _runtime().matmul(a, b)
     return torch.mm(a, b)
@@ -57,10 +72,12 @@ class _ExactMM(torch.autograd.Function):
         return ga, gb, None
 
 
-def exact_mm(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
+def exact_mm(a: Tensor, b: Tensor, backend: str = "auto", where_faster: bool = False) -> Tensor:
     """``a [m, k] @ b [k, n]`` (float32 or float64, one device) with float32 accuracy on CUDA float32 tensors
     (the 3xTF32 kernel), ``torch.mm`` elsewhere; differentiable to any order. ``backend`` as everywhere ("auto",
-    "cuda", "reference"; ops.backends.resolve decides; "cuda" on CPU tensors raises BackendUnavailable)."""
+    "cuda", "reference"; ops.backends.resolve decides; "cuda" on CPU tensors raises BackendUnavailable).
+    ``where_faster``: the kernel only for the products (this one and each of its derivatives, decided by shape)
+    where it was measured faster than cuBLAS's float32 (:func:`kernel_pays`), ``torch.mm`` for the others."""
     backends.check_backend_name(backend)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise ValueError(f"exact_mm: two tensors expected, got {type(a).__name__} and {type(b).__name__}")
@@ -75,4 +92,4 @@ def exact_mm(a: Tensor, b: Tensor, backend: str = "auto") -> Tensor:
         raise ValueError(f"exact_mm: both tensors on one device expected, got {a.device} and {b.device}")
     kernel = (backends.resolve(backend, a.device) == "cuda" and a.dtype == torch.float32
               and not torch.compiler.is_compiling())
-    return _ExactMM.apply(a, b, kernel)
+    return _ExactMM.apply(a, b, (WHERE_FASTER if where_faster else True) if kernel else False)

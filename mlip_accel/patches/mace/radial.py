@@ -20,13 +20,15 @@ from __future__ import annotations
 import torch
 
 from ...ops.activation import silu as fused_silu
+from ...ops.split_matmul import exact_mm
 from ..common import originals_in
 
 
 class _FoldedLayer(torch.nn.Module):
-    """``silu?(x @ (weight * scale))``: ``weight`` is the e3nn layer's own parameter (shared). silu's derivatives
-    run as fused kernels on CUDA (ops.activation: a force-training step's double backward is one pass per
-    layer instead of ~9); a scripted module runs torch's silu."""
+    """``silu?(x @ (weight * scale))``: ``weight`` is the e3nn layer's own parameter (shared). On CUDA silu's
+    second derivative is a fused kernel (ops.activation: one pass per layer of a force-training step's double
+    backward instead of ~9) and the last layer's tall products run the 3xTF32 kernel where it is faster
+    (ops.split_matmul); a scripted module runs torch's operations."""
 
     def __init__(self, weight: torch.nn.Parameter, scale: float, silu: bool, backend: str = "auto"):
         super().__init__()
@@ -36,17 +38,18 @@ class _FoldedLayer(torch.nn.Module):
         self.backend = backend
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x @ (self.weight * self.scale)
-        if self.silu:
-            if torch.jit.is_scripting():
-                x = torch.nn.functional.silu(x)
-            else:
-                x = self._silu(x)
-        return x
+        if torch.jit.is_scripting():
+            x = x @ (self.weight * self.scale)
+            return torch.nn.functional.silu(x) if self.silu else x
+        return self._fast(x)
 
     @torch.jit.unused
-    def _silu(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_silu(x, self.backend)
+    def _fast(self, x: torch.Tensor) -> torch.Tensor:
+        if self.silu:
+            return fused_silu(x @ (self.weight * self.scale), self.backend)
+        # the last layer ([edges, 64] @ [64, weight_numel]) and its derivatives: the 3xTF32 kernel for the products
+        # where it beat cuBLAS's float32 (ops.split_matmul.kernel_pays), cuBLAS for the others
+        return exact_mm(x, self.weight * self.scale, self.backend, where_faster=True)
 
 
 def _foldable(radial) -> list | None:
