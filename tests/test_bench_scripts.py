@@ -251,6 +251,25 @@ def test_bench_mace_step_tiny_runs_end_to_end_on_cpu(tmp_path):
     assert "## float64, md" in table and "## float64, train" in table and "| 64 |" in table
 
 
+@pytest.mark.mace
+def test_bench_mace_blocks_tiny_runs_end_to_end_on_cpu(tmp_path):
+    # the per-block breakdown's CPU smoke mode: every block of both implementations captured and timed, the table
+    # written with the ratio row; cuEquivariance recorded as unavailable
+    pytest.importorskip("mace")
+    pytest.importorskip("ase")
+    import bench_mace_blocks
+
+    out = tmp_path / "out"
+    bench_mace_blocks.main(["--tiny", "--out", str(out), "--dtypes", "float64"])
+    data = json.loads((out / "bench_mace_blocks.json").read_text())
+    ok = {(r["impl"], r["block"]) for r in data["rows"] if r["status"] == "ok" and r["ms"] > 0}
+    blocks = ("interaction 0", "interaction 1", "product 0", "product 1", "whole step")
+    assert ok == {(i, b) for i in ("e3nn", "mlip_accel") for b in blocks}
+    assert any(r["impl"] == "cueq" and r["status"].startswith("unavailable") for r in data["rows"])
+    table = (out / "bench_mace_blocks.md").read_text()
+    assert "| e3nn / mlip_accel |" in table and "## float64" in table
+
+
 def test_bench_edge_stream_tiny_cpu_run(tmp_path):
     """scripts/bench_edge_stream.py end to end on the CPU (reference backend, tiny model): every variant runs
     and the streamed forces equal the unstreamed ones (no timing asserted)."""

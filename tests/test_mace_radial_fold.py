@@ -116,7 +116,7 @@ def test_folded_on_gpu_equals_e3nn_fp32():
     folded = FoldedRadialMLP(net, backend="cuda")
     edges = 70000  # above split_matmul's TALL: the last layer's forward and weight gradient take the 3xTF32 kernel
     x = torch.randn(edges, 8, device="cuda", requires_grad=True)
-    v = torch.randn(edges, 1280, device="cuda")
+    v = torch.randn(edges, 1280, device="cuda", requires_grad=True)  # as MACE's conv grad: a function of parameters
     u = torch.randn(edges, 8, device="cuda")
     got, want = [], []
     calls = {"silu": 0, "mm": 0}
@@ -134,11 +134,11 @@ def test_folded_on_gpu_equals_e3nn_fp32():
             out = module(x)
             gx, *gp = torch.autograd.grad((out * v).sum(), (x, *net.parameters()), create_graph=True)
             # a force-training step's second derivative: through silu's backward
-            into += [out, gx, *gp, *torch.autograd.grad((gx * u).sum(), (x, *net.parameters()))]
+            into += [out, gx, *gp, *torch.autograd.grad((gx * u).sum(), (x, v, *net.parameters()))]
     finally:
         activation.silu_grad2, split_matmul.matmul = grad2, matmul
     assert calls["silu"] == 3  # the fused second derivative ran once per hidden layer, in the folded module only
-    # the kernel where it pays: forward, weight gradient, and the input gradient's derivative by grad (all
+    # the kernel where it pays: forward, weight gradient, and the input gradient's derivative by its grad v (all
     # [E, 64] x [64, 1280] or its reduction); cuBLAS for the input gradient [E, 1280] @ [1280, 64]
     assert calls["mm"] == 3
     for ours, theirs in zip(got, want):
