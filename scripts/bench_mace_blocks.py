@@ -121,10 +121,11 @@ def run(args) -> dict:
                     rows.append(dict(head, block=name, status="ok", ms=1000 * statistics.median(t)))
                     print(f"[bench_mace_blocks] {impl:10s} {dtype_name} {name:14s} {rows[-1]['ms']:9.2f} ms",
                           flush=True)
-            except torch.cuda.OutOfMemoryError:
-                rows.append(dict(head, block="all", status="out of memory"))
-            except Exception as err:
-                rows.append(dict(head, block="all", status=f"error: {type(err).__name__}: {str(err)[:300]}"))
+            except Exception as err:  # e3nn's scripted code wraps an out-of-memory error in a RuntimeError
+                last = (str(err).strip().splitlines() or [""])[-1]
+                oom = isinstance(err, torch.cuda.OutOfMemoryError) or "out of memory" in str(err)
+                rows.append(dict(head, block="all", status="out of memory" if oom else
+                                 f"error: {type(err).__name__}: {last[:300]}"))
             potential = model = None
             if device.type == "cuda":
                 torch.cuda.empty_cache()
