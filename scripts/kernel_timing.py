@@ -131,24 +131,65 @@ def kernel_resources(gm) -> dict:
     return {"regs": driver.funcGetAttribute(4, func), "local_bytes": driver.funcGetAttribute(3, func)}
 
 
-def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: int) -> list[dict]:
-    """Deterministic forward and backward under each register budget and edges-per-warp setting."""
+def double_settings(dt: str) -> list[dict]:
+    """The double backward's settings to sweep: the by-receiver walk's budget (the "forward" override) with the
+    by-sender one at its default, the reverse, and chunk loops at the defaults."""
+    from mlip_accel.runtime.tuning import ACC_BUDGET
+    fwd0, bwd0 = ACC_BUDGET[("double_forward", dt)], ACC_BUDGET[("double_backward", dt)]
+    return ([{"forward": b, "backward": bwd0, "loops": False} for b in FWD_BUDGETS]
+            + [{"forward": fwd0, "backward": b, "loops": False} for b in BWD_BUDGETS if b != bwd0]
+            + [{"forward": fwd0, "backward": bwd0, "loops": True}])
+
+
+def _double_modules(problem, dt: str, setting: dict):
+    with cuda.accumulator_budget(forward=setting["forward"], backward=setting["backward"]), \
+            cuda.chunk_loops(setting["loops"]):
+        return [cuda.module_for(problem, dt, d, "det", (True, True, True))
+                for d in ("double_forward", "double_backward")]
+
+
+def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: int,
+          directions=("forward", "backward")) -> list[dict]:
+    """Deterministic forward and backward under each register budget and edges-per-warp setting; "double": the
+    fused double backward under each setting of :func:`double_settings` (all three input gradients given, as in
+    force training)."""
     import concurrent.futures
     import multiprocessing
     dt = str(dtype).split(".")[-1]
     target = compiler.target_for(torch.cuda.get_device_capability())
     sources = []
-    for b in FWD_BUDGETS:
-        with cuda.accumulator_budget(forward=b):
-            sources.append(cuda.module_for(problem, dt, "forward", "det").source)
-    for b in BWD_BUDGETS:
-        with cuda.accumulator_budget(backward=b):
-            sources.append(cuda.module_for(problem, dt, "backward", "det").source)
+    if "forward" in directions:
+        for b in FWD_BUDGETS:
+            with cuda.accumulator_budget(forward=b):
+                sources.append(cuda.module_for(problem, dt, "forward", "det").source)
+    if "backward" in directions:
+        for b in BWD_BUDGETS:
+            with cuda.accumulator_budget(backward=b):
+                sources.append(cuda.module_for(problem, dt, "backward", "det").source)
+    if "double" in directions:
+        for setting in double_settings(dt):
+            sources += [gm.source for gm in _double_modules(problem, dt, setting)]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(compiler.ensure_cached, sources, itertools.repeat(target, len(sources)), chunksize=1))
     x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
     rows = []
+    if "double" in directions:
+        ggs = [torch.randn_like(t) for t in (x, y, w)]
+        for setting in double_settings(dt):
+            with cuda.accumulator_budget(forward=setting["forward"], backward=setting["backward"]), \
+                    cuda.chunk_loops(setting["loops"]):
+                by_dst, by_src = _double_modules(problem, dt, setting)
+                ms = median_ms(lambda: cuda.conv_double_backward(problem, x, y, w, gz, *ggs, dst, src, graph.perm,
+                                                                 graph.transpose_perm), 5)
+            rows.append({"problem": name, "dtype": dt, "direction": "double", "budget": setting["forward"],
+                         "budget_by_sender": setting["backward"], "loops": setting["loops"],
+                         "phases": by_dst.num_phases, "phases_by_sender": by_src.num_phases, "epw": "mean-degree",
+                         "ms": ms, **kernel_resources(by_dst),
+                         **{f"{k}_by_sender": v for k, v in kernel_resources(by_src).items()}})
+            print(json.dumps(rows[-1]), flush=True)
     for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
+        if direction not in directions:
+            continue
         for b in budgets:
             with cuda.accumulator_budget(**{direction: b}):
                 gm = cuda.module_for(problem, dt, direction, "det")
@@ -184,6 +225,8 @@ def main() -> None:
     parser.add_argument("--e3nn", default="mace-large", help="problems also timed with e3nn")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--sweep", default="", help="problem:dtype,... to sweep register budgets and chunking")
+    parser.add_argument("--sweep-directions", default="forward,backward",
+                        help="what --sweep times: forward, backward, double (the fused double backward)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--once", default="", help="problem:dtype: run det forward + backward twice, no timing")
     args = parser.parse_args()
@@ -201,7 +244,7 @@ def main() -> None:
             name, dt = case.split(":")
             try:
                 rows += sweep(bench_problem(specs[name]), name, dtype_of(dt), args.nodes, args.edges,
-                              args.workers)
+                              args.workers, tuple(args.sweep_directions.split(",")))
             except Exception:
                 print(traceback.format_exc()[-2000:], flush=True)
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -212,8 +255,10 @@ def main() -> None:
             if k not in best or r["ms"] < best[k]["ms"]:
                 best[k] = r
         for r in best.values():
+            extra = (f", by sender {r['budget_by_sender']} ({r['phases_by_sender']} phases, {r['regs_by_sender']} regs),"
+                     f" loops {r['loops']}" if r["direction"] == "double" else "")
             print(f"best {r['problem']} {r['dtype']} {r['direction']}: budget {r['budget']} ({r['phases']} phases,"
-                  f" {r['regs']} regs, {r['local_bytes']} B local), epw {r['epw']}: {r['ms']:.3f} ms")
+                  f" {r['regs']} regs, {r['local_bytes']} B local){extra}, epw {r['epw']}: {r['ms']:.3f} ms")
         return
     for name in args.problems.split(","):
         problem = bench_problem(specs[name])
