@@ -179,3 +179,23 @@ def test_launch_sequences_of_the_double_walks(direction, variant, given):
     gathered = {dict(s.bind)["src"] for s in seq.steps if s.plan.kernel.startswith("mla_gather_ir_mul")}
     assert {"x", "ggx"} & names <= gathered  # 40x1o: the ir_mul columns are not e3nn's
     assert {t.name for t in seq.outputs} == {n for n, w in zip(("acc_out", "gy_out", "gw_out"), gm.spec.writes) if w}
+
+
+def test_small_by_sender_budget_where_it_adds_at_most_one_phase():
+    # measured on an H100 (benchmarks/double_backward_sweep_h100.md): budget 6 ran mace-medium's double backward
+    # 1.30x faster, and lost on problems where it costs more phases (mace-large, nequip-benzene)
+    from mlip_accel.runtime import tuning
+    from mlip_accel.runtime.kernels import module_for
+    from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
+
+    specs = {p["name"]: bench_problem(p) for p in bench_problem_specs()}
+    assert tuning.budget_for("double_backward", "float32", specs["mace-medium"]) == 6
+    for name in ("mace-large", "nequip-benzene"):
+        assert tuning.budget_for("double_backward", "float32", specs[name]) == 12
+    assert tuning.budget_for("double_backward", "float64", specs["mace-medium"]) == 12  # not measured: the table's
+    assert tuning.budget_for("double_forward", "float32", specs["mace-medium"]) == 64
+    assert tuning.budget_for("double_backward", "float32") == 12  # no problem: the table's
+    with cuda.accumulator_budget(backward=9):  # a test override wins
+        assert tuning.budget_for("double_backward", "float32", specs["mace-medium"]) == 9
+    gm = module_for(specs["mace-medium"], "float32", "double_backward", "det", (True, True, True))
+    assert gm.spec.budget == 6 and dict(gm.walk_plan.tuning)["accumulators_per_lane"] == 6

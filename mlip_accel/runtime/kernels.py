@@ -20,7 +20,8 @@ def problem_key(problem: TPProblem) -> str:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
-    budget, loops = budget_for(direction, dtype), chunk_loops_enabled()
+    loops = chunk_loops_enabled()
+    budget = budget_for(direction, dtype, problem, loops)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops)
     gm = _MODULES.get(key)

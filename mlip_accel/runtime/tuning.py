@@ -42,8 +42,34 @@ def chunk_loops(enabled: bool = True):
         _CHUNK_LOOPS_OVERRIDE.pop()
 
 
-def budget_for(direction: str, dtype: str) -> int:
-    return _BUDGET_OVERRIDE.get(_OVERRIDE_KEY[direction], ACC_BUDGET[(direction, dtype)])
+# The double backward's walk by sender in fp32, from a sweep on an H100 (benchmarks/double_backward_sweep_h100.md,
+# carbon-1k size): half the budget (6) ran mace-medium's double backward 1.30x faster (128 registers instead of
+# 150: more warps in flight), but lost where it costs more than one extra phase (each phase reads the edge's rows
+# again): mace-large 4 -> 7 phases, 4.6 % slower; nequip-benzene 8 -> 11, even. So: the small budget where it adds
+# at most one phase, the table's otherwise.
+SMALL_BUDGET = {("double_backward", "float32"): 6}
+_SMALL_BUDGET_PAYS: dict[tuple, bool] = {}  # (problem key, direction, dtype, chunk loops) -> decision
+
+
+def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) -> int:
+    """Accumulators per lane of a walk: a test override, else the small budget where :data:`SMALL_BUDGET` has one
+    and ``problem``'s schedule grows by at most one phase with it, else :data:`ACC_BUDGET`."""
+    key = _OVERRIDE_KEY[direction]
+    if key in _BUDGET_OVERRIDE:
+        return _BUDGET_OVERRIDE[key]
+    base, small = ACC_BUDGET[(direction, dtype)], SMALL_BUDGET.get((direction, dtype))
+    if small is None or problem is None:
+        return base
+    from ..codegen.schedule import build_schedule
+    from .kernels import problem_key  # by identity: cheap per call
+
+    memo = (problem_key(problem), direction, dtype, loops)
+    pays = _SMALL_BUDGET_PAYS.get(memo)
+    if pays is None:
+        side = "out" if direction in ("forward", "double_forward") else "in1"
+        phases = [len(build_schedule(problem, side, b, one_chunk=loops).phases) for b in (small, base)]
+        pays = _SMALL_BUDGET_PAYS[memo] = phases[0] <= phases[1] + 1
+    return small if pays else base
 
 
 @contextlib.contextmanager
