@@ -1,7 +1,9 @@
 #!/usr/bin/env python
-"""A/B in one process (issue 14): MACE energy + forces (md) and force-training (train) steps at 8000 atoms with
-the folded radial MLP's fused silu derivatives (ops.activation) and with torch's silu, alternating, on one GPU.
-Prints median ms per variant. Usage: python scripts/ab_mace_silu.py [--cells 10] [--reps 10]"""
+"""A/B in one process (issues 14, 15): MACE energy + forces (md) and force-training (train) steps at 8000 atoms,
+alternating two variants on one GPU, median ms per variant:
+  --what silu    the folded radial MLP's fused silu derivatives (ops.activation) against torch's silu
+  --what budget  the double backward's small by-sender budget (runtime.tuning.SMALL_BUDGET) against the table's
+Usage: python scripts/ab_mace_silu.py [--what silu|budget] [--cells 10] [--reps 10] [--modes md train]"""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +30,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cells", type=int, default=10)
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--what", choices=("silu", "budget"), default="silu")
+    parser.add_argument("--modes", nargs="+", default=["md", "train"])
     args = parser.parse_args()
     device = torch.device("cuda")
     graph = build_graph(f"carbon-{args.cells}c", device=device)
@@ -35,18 +39,28 @@ def main() -> None:
     model = bench_md.variant("mace", "mlip_accel", bench_md.build_mace(torch.float32), device)
     potential = potential_from_model(model, device=device)
     data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
-    fused = radial.fused_silu
-    plain = lambda x, backend: torch.nn.functional.silu(x)  # noqa: E731
-    for mode in ("md", "train"):
+    from mlip_accel.runtime import tuning
+
+    fused, small = radial.fused_silu, dict(tuning.SMALL_BUDGET)
+
+    def use(variant: str) -> None:
+        if args.what == "silu":
+            radial.fused_silu = fused if variant == "new" else (lambda x, backend: torch.nn.functional.silu(x))
+        else:
+            tuning.SMALL_BUDGET.clear()
+            tuning.SMALL_BUDGET.update(small if variant == "new" else {})
+            tuning._SMALL_BUDGET_PAYS.clear()
+
+    for mode in args.modes:
         step = B.make_step(potential.model, data, mode, B._loss_targets(data, torch.float32, graph.num_nodes))
-        times = {"fused": [], "torch": []}
+        times = {"new": [], "old": []}
         for _ in range(3):
-            for name, fn in (("fused", fused), ("torch", plain)):
-                radial.fused_silu = fn
+            for name in ("new", "old"):
+                use(name)
                 step()
                 times[name] += wall_times(step, device, min_reps=args.reps, max_reps=args.reps, min_seconds=0.0)
-        radial.fused_silu = fused
-        print(mode, {k: round(1000 * statistics.median(v), 2) for k, v in times.items()}, flush=True)
+        use("new")
+        print(args.what, mode, {k: round(1000 * statistics.median(v), 2) for k, v in times.items()}, flush=True)
 
 
 if __name__ == "__main__":
