@@ -7,6 +7,7 @@ Usage: python scripts/ab_mace_silu.py [--what silu|budget] [--cells 10] [--reps 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -25,6 +26,7 @@ def main() -> None:
 
     from mlip_accel.integrations.potentials import potential_from_model
     from mlip_accel.patches.mace import radial
+    from mlip_accel.runtime import tuning
     from mlip_accel.testing.timing import wall_times
 
     parser = argparse.ArgumentParser()
@@ -39,27 +41,25 @@ def main() -> None:
     model = bench_md.variant("mace", "mlip_accel", bench_md.build_mace(torch.float32), device)
     potential = potential_from_model(model, device=device)
     data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
-    from mlip_accel.runtime import tuning
+    fused = radial.fused_silu
+    plain = lambda x, backend: torch.nn.functional.silu(x)  # noqa: E731
 
-    fused, small = radial.fused_silu, dict(tuning.SMALL_BUDGET)
-
-    def use(variant: str) -> None:
-        if args.what == "silu":
-            radial.fused_silu = fused if variant == "new" else (lambda x, backend: torch.nn.functional.silu(x))
-        else:
-            tuning.SMALL_BUDGET.clear()
-            tuning.SMALL_BUDGET.update(small if variant == "new" else {})
-            tuning._SMALL_BUDGET_PAYS.clear()
+    def use(variant: str):
+        """A context running ``variant`` ("new": this tree's code, "old": the change undone)."""
+        if args.what == "budget":
+            return tuning.small_budgets(variant == "new")
+        radial.fused_silu = fused if variant == "new" else plain
+        return contextlib.nullcontext()
 
     for mode in args.modes:
         step = B.make_step(potential.model, data, mode, B._loss_targets(data, torch.float32, graph.num_nodes))
         times = {"new": [], "old": []}
         for _ in range(3):
             for name in ("new", "old"):
-                use(name)
-                step()
-                times[name] += wall_times(step, device, min_reps=args.reps, max_reps=args.reps, min_seconds=0.0)
-        use("new")
+                with use(name):
+                    step()
+                    times[name] += wall_times(step, device, min_reps=args.reps, max_reps=args.reps, min_seconds=0.0)
+        radial.fused_silu = fused
         print(args.what, mode, {k: round(1000 * statistics.median(v), 2) for k, v in times.items()}, flush=True)
 
 

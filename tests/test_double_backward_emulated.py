@@ -197,5 +197,7 @@ def test_small_by_sender_budget_where_it_adds_at_most_one_phase():
     assert tuning.budget_for("double_backward", "float32") == 12  # no problem: the table's
     with cuda.accumulator_budget(backward=9):  # a test override wins
         assert tuning.budget_for("double_backward", "float32", specs["mace-medium"]) == 9
+    with tuning.small_budgets(False):  # a benchmark's A/B: the table's
+        assert tuning.budget_for("double_backward", "float32", specs["mace-medium"]) == 12
     gm = module_for(specs["mace-medium"], "float32", "double_backward", "det", (True, True, True))
     assert gm.spec.budget == 6 and dict(gm.walk_plan.tuning)["accumulators_per_lane"] == 6

@@ -49,6 +49,17 @@ def chunk_loops(enabled: bool = True):
 # at most one phase, the table's otherwise.
 SMALL_BUDGET = {("double_backward", "float32"): 6}
 _SMALL_BUDGET_PAYS: dict[tuple, bool] = {}  # (problem key, direction, dtype, chunk loops) -> decision
+_SMALL_BUDGETS_OFF: list[bool] = []  # benchmarks: the table's budgets only (an A/B of the rule)
+
+
+@contextlib.contextmanager
+def small_budgets(enabled: bool = True):
+    """Use (or, with False, ignore) :data:`SMALL_BUDGET` inside the block: an A/B of the rule in one process."""
+    _SMALL_BUDGETS_OFF.append(not enabled)
+    try:
+        yield
+    finally:
+        _SMALL_BUDGETS_OFF.pop()
 
 
 def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) -> int:
@@ -58,7 +69,7 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) ->
     if key in _BUDGET_OVERRIDE:
         return _BUDGET_OVERRIDE[key]
     base, small = ACC_BUDGET[(direction, dtype)], SMALL_BUDGET.get((direction, dtype))
-    if small is None or problem is None:
+    if small is None or problem is None or (_SMALL_BUDGETS_OFF and _SMALL_BUDGETS_OFF[-1]):
         return base
     from ..codegen.schedule import build_schedule
     from .kernels import problem_key  # by identity: cheap per call
