@@ -17,7 +17,8 @@ from mlip_accel.runtime import split_matmul as runtime
 
 LAYOUTS = list(itertools.product("nt", "nt"))
 VARIANTS = [dict(runtime.WIDE), dict(runtime.NARROW), dict(runtime.SHORT), dict(bm=64, bn=64, bk=16, warps_m=2,
-                                                                                   warps_n=2, stages=4, min_blocks=4)]
+                                                                                   warps_n=2, stages=4, min_blocks=4),
+            dict(bm=128, bn=64, bk=16, warps_m=4, warps_n=2, stages=3, min_blocks=2, round_lo=True)]
 
 
 def _compile(source: str, arch: str, name: str):
@@ -176,6 +177,15 @@ def test_gpu_radial_cases_with_split_k(n):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("round_lo", [True, False])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn"])
+def test_gpu_rounded_and_truncated_lo(round_lo, layout):
+    with runtime.tiles(bm=128, bn=64, bk=16, warps_m=4, warps_n=2, stages=2, min_blocks=2, round_lo=round_lo):
+        for m, k, n in ((100003, 64, 1280), (4097, 1280, 64), (17, 33, 63)):
+            _check(*_operands(layout, m, k, n, seed=m + k + n))
+
+
+@pytest.mark.gpu
 def test_gpu_unaligned_and_strided_operands():
     base = torch.randn(1001, 70, device="cuda")
     a = base[1:, 3:67]  # neither row-major nor a transposed view: copied
@@ -218,7 +228,9 @@ def test_kernel_pays_where_measured_faster():
     e = 1_264_000
     assert kernel_pays(e, 64, 1280) and kernel_pays(e, 64, 512)  # radial last layer forward
     assert kernel_pays(64, e, 1280) and not kernel_pays(64, e, 512)  # weight gradient
-    assert not kernel_pays(e, 1280, 64) and not kernel_pays(e, 512, 64)  # input gradient: cuBLAS
+    assert kernel_pays(e, 1280, 64) and kernel_pays(e, 512, 64)  # input gradient from ~600k rows
+    assert kernel_pays(632_000, 1280, 64) and not kernel_pays(158_000, 1280, 64)  # ... cuBLAS below
+    assert not kernel_pays(158_000, 512, 64)
     assert not kernel_pays(1000, 64, 1280) and not kernel_pays(e, 64, 64)  # small or square: cuBLAS
 
 

@@ -44,6 +44,7 @@ class SplitMatmulSpec:
     warps_n: int = 4
     stages: int = 2
     min_blocks: int = 1  # __launch_bounds__'s blocks per multiprocessor (a register cap)
+    round_lo: bool = True  # lo = tf32(x - hi) rounded to nearest; False: truncated (one instruction less a split)
     dtype: str = "float32"
 
     def __post_init__(self):
@@ -80,7 +81,8 @@ class SplitMatmulSpec:
     def kernel_name(self) -> str:
         v = ("v" if self.vec_a else "s") + ("v" if self.vec_b else "s")
         return (f"mla_split_matmul_{self.a_layout}{self.b_layout}_{v}_{self.bm}x{self.bn}x{self.bk}"
-                f"_w{self.warps_m}x{self.warps_n}_s{self.stages}_b{self.min_blocks}_f32")
+                f"_w{self.warps_m}x{self.warps_n}_s{self.stages}_b{self.min_blocks}"
+                f"{'' if self.round_lo else '_rz'}_f32")
 
     @property
     def reduce_kernel_name(self) -> str:
@@ -129,7 +131,7 @@ def _reduce_arguments() -> tuple[Argument, ...]:
 
 def generate_split_matmul(spec: SplitMatmulSpec) -> SplitMatmulKernels:
     tuning = tuple((f.name, int(getattr(spec, f.name))) for f in dataclasses.fields(spec)
-                   if f.name in ("bm", "bn", "bk", "warps_m", "warps_n", "stages", "min_blocks"))
+                   if f.name in ("bm", "bn", "bk", "warps_m", "warps_n", "stages", "min_blocks", "round_lo"))
     plan = LaunchPlan(family=FAMILY, kernel=spec.kernel_name, arguments=_arguments(spec),
                       grid=GridRule(items="blocks", threads_per_item=spec.threads, block_threads=spec.threads),
                       tuning=tuning)
@@ -145,5 +147,5 @@ def generate_split_matmul(spec: SplitMatmulSpec) -> SplitMatmulKernels:
         bm=spec.bm, bn=spec.bn, bk=spec.bk, stages=spec.stages, warps_m=spec.warps_m, warps_n=spec.warps_n,
         min_blocks=spec.min_blocks,
         a_t=flag[spec.a_layout == "t"], b_t=flag[spec.b_layout == "t"], vec_a=flag[spec.vec_a],
-        vec_b=flag[spec.vec_b], smem_bytes=spec.shared_bytes)
+        vec_b=flag[spec.vec_b], round_lo=flag[spec.round_lo], smem_bytes=spec.shared_bytes)
     return SplitMatmulKernels(source=source, plan=plan, reduce_plan=reduce_plan)

@@ -32,15 +32,19 @@ def _plain(*ts: Tensor) -> bool:
 
 WHERE_FASTER = "where_faster"  # the kernel mode that runs it only on the shapes where it beat cuBLAS
 TALL = 65536  # rows (edges) from which the kernel's wins below were measured
+HUGE = 600_000  # rows from which the input gradient won
 
 
 def kernel_pays(m: int, k: int, n: int) -> bool:
     """Whether ``[m, k] @ [k, n]`` ran faster through the kernel than through cuBLAS's float32 on an H100
-    (benchmarks/bench_split_matmul_h100.md, E = 158,000 and 1,264,000 edges): a tall output from a short k
-    (MACE's radial last layer forward, k = 64, n = 512 / 1280: 1.14-1.22x), and the weight gradient that reduces
-    a tall k into a short output with n = 1280 (1.45-1.52x; at n = 512 it lost, 0.60-0.83x). The input gradient
-    ([E, n] @ [n, 64]) lost everywhere (0.63-0.97x): cuBLAS runs it."""
-    return (k <= 64 and n >= 512 and m >= TALL) or (m <= 64 and n >= 1024 and k >= TALL)
+    (benchmarks/bench_split_matmul_h100.md, E = 158,000, 632,000 and 1,264,000 edges, n = 512 and 1280): a tall
+    output from a short k (MACE's radial last layer forward, k = 64: 1.10-1.38x); the weight gradient that reduces
+    a tall k into a short output with n = 1280 (1.63-1.84x; at n = 512 it is even at best, 0.75-1.05x: cuBLAS); the
+    input gradient ``[E, n] @ [n, 64]`` from about 600,000 rows (1.01-1.18x at 632,000 and 1,264,000; 0.83-0.99x
+    at 158,000: cuBLAS)."""
+    return ((k <= 64 and n >= 512 and m >= TALL)  # forward
+            or (m <= 64 and n >= 1024 and k >= TALL)  # weight gradient
+            or (n <= 64 and k >= 512 and m >= HUGE))  # input gradient
 
 
 def _apply(a: Tensor, b: Tensor, kernel) -> Tensor:

@@ -3,7 +3,7 @@
 //   C[m, n] = sum_k A[m, k] B[k, n], every operand split as x = hi + lo (hi = tf32(x), lo = tf32(x - hi)) and
 //   C ~= A_lo B_hi + A_hi B_lo + A_hi B_hi (the small products first), fp32 accumulation in the tensor cores
 //   (mma.sync m16n8k8 tf32) over one k-tile (${bk} deep) at a time, the k-tiles summed with ordinary fp32 adds.
-//   The lo * lo term (2^-22 relative) is dropped.
+//   The lo * lo term (2^-22 relative) is dropped; lo is rounded to nearest (round_lo) or truncated (the default).
 //
 // Launch contract (the plan's, stated once):
 //   A is [m, k]: row-major "n" (a[i * lda + kk]) or the transposed view "t" of a row-major [k, m] (a[kk * lda + i]);
@@ -22,7 +22,7 @@ typedef unsigned int u32;
 namespace {
 constexpr int BM = ${bm}, BN = ${bn}, BK = ${bk}, STAGES = ${stages};
 constexpr int WARPS_M = ${warps_m}, WARPS_N = ${warps_n}, THREADS = WARPS_M * WARPS_N * 32;
-constexpr bool A_T = ${a_t}, B_T = ${b_t}, VEC_A = ${vec_a}, VEC_B = ${vec_b};
+constexpr bool A_T = ${a_t}, B_T = ${b_t}, VEC_A = ${vec_a}, VEC_B = ${vec_b}, ROUND_LO = ${round_lo};
 constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
 // Shared tiles keep the global orientation (cp.async copies rows as they are); paddings make the fragment reads
 // conflict-free: a row of BK + 4 words (== 4 mod 32) read as [g][t], a row of BM + 8 / BN + 8 (== 8 mod 32) as [t][g].
@@ -82,13 +82,17 @@ __device__ __forceinline__ void load_tile(float* s, const float* __restrict__ g,
   }
 }
 
+// hi = tf32(x) rounded to nearest, ties away: (bits + 0x1000) & 0xffffe000 is cvt.rna.tf32.f32 for finite x (an
+// infinity stays; a NaN x gives a NaN lo = x - hi) in two instructions, where cvt.rna costs four (a finiteness
+// test and a select besides). lo = x - hi, rounded the same way (ROUND_LO) or truncated by the mask, which costs
+// nothing: the tensor core reads only the top 19 bits of a tf32 operand, and ptxas drops a mask that feeds an HMMA
+// (seen in the SASS: the rounded lo costs its add only).
+__device__ __forceinline__ u32 tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 __device__ __forceinline__ void split_tf32(float x, u32& hi, u32& lo) {
-  u32 h, l;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(h) : "f"(x));
+  const u32 h = tf32_rna(x);
   const float r = x - __uint_as_float(h);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(l) : "f"(r));
   hi = h;
-  lo = l;
+  lo = ROUND_LO ? tf32_rna(r) : (__float_as_uint(r) & 0xffffe000u);
 }
 
 __device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
