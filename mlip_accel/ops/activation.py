@@ -20,20 +20,12 @@ def _runtime():
     return runtime
 
 
-def _plain(*ts: Tensor) -> bool:
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
-
-
 def _derivatives(z: Tensor):
     """silu', silu'', silu''' at z (torch operations)."""
     s = torch.sigmoid(z)
     p = s * (1 - s)
     q = 1 - 2 * s
     return s * (1 + z * (1 - s)), p * (2 + z * q), p * (q * (3 + z * q) - 2 * z * p)
-
-
-def _kernel(kernel: bool, *ts: Tensor) -> bool:
-    return kernel and _plain(*ts)
 
 
 class _SiluGrad(torch.autograd.Function):
@@ -64,7 +56,7 @@ class _SiluGrad2(torch.autograd.Function):
 
     @staticmethod
     def forward(z, gy, ggz, kernel):
-        if _kernel(kernel, z, gy, ggz):
+        if kernel and backends.plain_tensors(z, gy, ggz):
             return _runtime().silu_grad2(z.contiguous(), gy.contiguous(), ggz.contiguous())
         d1, d2, _ = _derivatives(z)
         return ggz * gy * d2, ggz * d1

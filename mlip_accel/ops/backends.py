@@ -50,6 +50,13 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
+def plain_tensors(*ts) -> bool:
+    """Whether the tensors are ordinary ones, whose memory a kernel can be handed: not functorch wrappers (vmap's
+    batched tensors, grad's), which the ops built on autograd Functions meet under MACE's vmap over autograd.grad
+    and then run their torch path for."""
+    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
+
+
 def check_backend_name(backend: str) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -33,14 +33,8 @@ def _runtime():
     return runtime
 
 
-def _plain(*ts: Tensor) -> bool:
-    """Whether the tensors are ordinary ones (not functorch wrappers: vmap's batched tensors, grad's), whose
-    memory a kernel can be handed."""
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
-
-
 def _apply(x: Tensor, elements: Tensor, weight: Tensor, kernel: bool = False) -> Tensor:
-    if kernel and _plain(x, elements, weight):
+    if kernel and backends.plain_tensors(x, elements, weight):
         return _runtime().forward(x.contiguous(), elements.contiguous(), weight.contiguous())
     if x.shape[0] <= CHUNK:
         return torch.bmm(x, weight.index_select(0, elements))
@@ -93,7 +87,7 @@ class _ElementWeightGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(x, elements, grad, num_elements, kernel):
-        if kernel and _plain(x, elements, grad):
+        if kernel and backends.plain_tensors(x, elements, grad):
             return _runtime().weight_grad(x.contiguous(), grad.contiguous(), elements.contiguous(), num_elements)
         return _weight_grad(x, elements, grad, num_elements)
 

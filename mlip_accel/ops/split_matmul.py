@@ -26,10 +26,6 @@ def _runtime():
     return runtime
 
 
-def _plain(*ts: Tensor) -> bool:
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in ts)
-
-
 WHERE_FASTER = "where_faster"  # the kernel mode that runs it only on the shapes where it beat cuBLAS
 TALL = 65536  # rows (edges) from which the kernel's wins below were measured
 HUGE = 600_000  # rows from which the input gradient won
@@ -50,7 +46,7 @@ def kernel_pays(m: int, k: int, n: int) -> bool:
 def _apply(a: Tensor, b: Tensor, kernel) -> Tensor:
     if kernel == WHERE_FASTER:
         kernel = kernel_pays(a.shape[0], a.shape[1], b.shape[1])
-    if kernel and _plain(a, b) and a.dtype == torch.float32 and a.is_cuda:
+    if kernel and backends.plain_tensors(a, b) and a.dtype == torch.float32 and a.is_cuda:
         return _runtime().matmul(a, b)
     return torch.mm(a, b)
 

@@ -15,21 +15,20 @@ SPLIT_ROWS = 1024  # rows (node components) per split of an element's weight-gra
 SPLIT_SCRATCH = 1 << 23  # elements of the [splits, E, U, V] partial sums, at most (32 MiB in fp32)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    if dtype not in _DTYPES:
+        raise TypeError(f"the element-linear kernels take float32 or float64, got {dtype}")
+    return _DTYPES[dtype]
+
+
 def kernel_for(rows: int, inner: int, cols: int, dtype: torch.dtype) -> GeneratedKernel:
-    if dtype not in _DTYPES:
-        raise TypeError(f"the element-linear kernel takes float32 or float64, got {dtype}")
-    return _cached(ElementLinearSpec(rows, inner, cols, _DTYPES[dtype]), generate_element_linear)
+    return _cached(ElementLinearSpec(rows, inner, cols, _dtype_name(dtype)))
 
 
-def weight_grad_kernel_for(rows: int, inner: int, cols: int, dtype: torch.dtype) -> GeneratedKernel:
-    if dtype not in _DTYPES:
-        raise TypeError(f"the element-linear kernel takes float32 or float64, got {dtype}")
-    return _cached(ElementWeightGradSpec(rows, inner, cols, _DTYPES[dtype]), generate_element_weight_grad)
-
-
-def _cached(spec, generate) -> GeneratedKernel:
+def _cached(spec: ElementLinearSpec | ElementWeightGradSpec) -> GeneratedKernel:
     hit = _KERNELS.get(spec)
     if hit is None:
+        generate = generate_element_linear if isinstance(spec, ElementLinearSpec) else generate_element_weight_grad
         hit = _KERNELS[spec] = generate(spec)
     return hit
 
@@ -60,10 +59,11 @@ def weight_grad(x: torch.Tensor, g: torch.Tensor, elements: torch.Tensor, num_el
     order = torch.argsort(elements, stable=True)
     offsets = torch.searchsorted(elements.index_select(0, order),
                                  torch.arange(num_elements + 1, device=elements.device, dtype=elements.dtype))
-    kernel = weight_grad_kernel_for(m, u, v, x.dtype)
+    spec = ElementWeightGradSpec(m, u, v, _dtype_name(x.dtype))
+    kernel = _cached(spec)
     splits = splits_for(b * m, num_elements, u * v)
     partial = written((splits, num_elements, u, v), x)
-    blocks = num_elements * splits * ElementWeightGradSpec(m, u, v, _DTYPES[x.dtype]).tiles
+    blocks = num_elements * splits * spec.tiles
     launch(kernel, kernel.plan, dict(x=x, g=g, order=order, offsets=offsets, partial=partial, blocks=blocks,
                                      num_elements=num_elements, splits=splits), x.device)
     return partial[0] if splits == 1 else partial.sum(0)

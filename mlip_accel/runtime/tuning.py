@@ -72,13 +72,13 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) ->
     if small is None or problem is None or (_SMALL_BUDGETS_OFF and _SMALL_BUDGETS_OFF[-1]):
         return base
     from ..codegen.schedule import build_schedule
+    from ..codegen.tensor_product import SIDES
     from .kernels import problem_key  # by identity: cheap per call
 
     memo = (problem_key(problem), direction, dtype, loops)
     pays = _SMALL_BUDGET_PAYS.get(memo)
     if pays is None:
-        side = "out" if direction in ("forward", "double_forward") else "in1"
-        phases = [len(build_schedule(problem, side, b, one_chunk=loops).phases) for b in (small, base)]
+        phases = [len(build_schedule(problem, SIDES[direction], b, one_chunk=loops).phases) for b in (small, base)]
         pays = _SMALL_BUDGET_PAYS[memo] = phases[0] <= phases[1] + 1
     return small if pays else base
 
