@@ -2,10 +2,11 @@
 # Several GPUs, in one call on the 2-GPU device machine (nvidia-h200-x2), from the repository root with .whl
 # carried (scripts/fetch_device_wheels.sh):
 #
-#     bash scripts/multigpu_check.sh [--steps N] [--repeat N] [--only tests|train|nequip|mace]
+#     bash scripts/multigpu_check.sh [--steps N] [--repeat N] [--model small|medium] [--only tests|train|nequip|mace]
 #
 # --repeat N: training structures are fcc Cu cells of 4 N^3 atoms (default 3: 108 atoms; 6: 864 atoms, the
-# carbon-1k size of issue 17's throughput target).
+# carbon-1k size of issue 17's throughput target). --model medium: MACE-MP-0-medium-size MACE, NequIP of 64
+# features (scripts/multigpu_train.py MACE_SIZES / NEQUIP_SIZES). MG_PLAIN=0 skips the plain-MACE control.
 #
 # About 5 minutes on a fresh machine (call it with timeout_s 600): NVRTC compiles each model's kernels on
 # first use (the 1-GPU run fills the disk cache that the ranks then load). Stage limits in seconds:
@@ -37,12 +38,13 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
 export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 OUT=${OUT:-$PWD/multigpu_out}
 WORK=/tmp/multigpu_train  # bulky files (data, parameters, run dirs) stay here; $OUT gets a few small ones
-steps=6 only=all repeat=3
+steps=6 only=all repeat=3 model=small
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
     *) echo "multigpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -89,19 +91,21 @@ if want nequip || want mace; then
     >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
   smi=$!
   if want nequip; then
-    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat" \
+    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model" \
       >>"$WORK/records/train.log" 2>&1
     stage "nequip-train ddp (1 vs 2 GPUs)" $?
   fi
   if want mace; then
     # step 3 of every rank under torch.profiler ($WORK/mace_*_rank*_profile.txt, archived with the records)
-    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat" \
+    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model" \
       >>"$WORK/records/train.log" 2>&1
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
     # the control: MACE's own trainer, no mlip_accel (is the 2-GPU slowdown ours or MACE + DDP's?)
-    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --plain" \
-      >>"$WORK/records/train.log" 2>&1
-    stage "mace_run_train --distributed, plain MACE (1 vs 2 GPUs)" $?
+    if [[ ${MG_PLAIN:-1} == 1 ]]; then
+      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model --plain" \
+        >>"$WORK/records/train.log" 2>&1
+      stage "mace_run_train --distributed, plain MACE (1 vs 2 GPUs)" $?
+    fi
   fi
   kill "$smi" 2>/dev/null
   py_nequip scripts/multigpu_train.py report "$WORK" --smi "$OUT/nvidia_smi_apps.csv" >"$WORK/records/report.log" 2>&1

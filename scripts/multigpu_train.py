@@ -28,6 +28,17 @@ import time
 from pathlib import Path
 
 TRAIN, VALID = 12, 4  # structures; TRAIN is the global batch
+# Model sizes: "small" (the harness's default: fast to compile, launch-bound on a GPU) and "medium" (a
+# MACE-MP-0-medium-size MACE and a NequIP of 64 features at l_max 2: enough work per step for data-parallel
+# throughput to show, issue 17's target)
+MACE_SIZES = {
+    "small": ["--hidden_irreps", "32x0e+32x1o", "--r_max", "4.0", "--max_ell", "2", "--correlation", "2",
+              "--num_radial_basis", "6", "--radial_MLP", "[32]"],
+    "medium": ["--hidden_irreps", "128x0e+128x1o", "--r_max", "6.0", "--max_ell", "3", "--correlation", "3",
+               "--num_radial_basis", "8", "--radial_MLP", "[64,64,64]"],
+}
+NEQUIP_SIZES = {"small": dict(l_max=2, num_features=32, radial_mlp_width=32),
+                "medium": dict(l_max=2, num_features=64, radial_mlp_width=64)}
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -146,7 +157,7 @@ def _env(extra=None) -> dict:
     return env
 
 
-def _nequip_config(out: Path, devices: int, accelerator: str, steps: int) -> Path:
+def _nequip_config(out: Path, devices: int, accelerator: str, steps: int, size: str = "small") -> Path:
     from omegaconf import OmegaConf
 
     from mlip_accel.integrations.nequip import example
@@ -165,20 +176,22 @@ def _nequip_config(out: Path, devices: int, accelerator: str, steps: int) -> Pat
     cfg.trainer.callbacks.append({"_target_": "multigpu_train.StepProbe", "out": str(out),
                                   "tag": f"nequip_{devices}"})
     model = cfg.training_module.model.model
-    model.l_max, model.num_features, model.radial_mlp_width = 2, 32, 32
+    for key, value in NEQUIP_SIZES[size].items():
+        setattr(model, key, value)
     path = out / "config" / f"train_{devices}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, path)
     return path
 
 
-def run_nequip(out: Path, devices: int, accelerator: str, steps: int, atoms_repeat: int) -> int:
+def run_nequip(out: Path, devices: int, accelerator: str, steps: int, atoms_repeat: int,
+               size: str = "small") -> int:
     from ase.io import write
 
-    data = out / "cu_emt.xyz"
+    data = out / f"cu_emt_{atoms_repeat}.xyz"
     if not data.exists():
         write(str(data), _frames(TRAIN + VALID, seed=3, repeat=atoms_repeat), format="extxyz")
-    cfg = _nequip_config(out, devices, accelerator, steps)
+    cfg = _nequip_config(out, devices, accelerator, steps, size)
     exe = shutil.which("nequip-train") or shutil.which("nequip-train", path=str(Path(sys.executable).parent))
     run_dir = out / f"nequip_{devices}"
     # the console script, or the module it runs (Lightning's DDP launcher re-runs either for rank 1)
@@ -193,11 +206,10 @@ def run_nequip(out: Path, devices: int, accelerator: str, steps: int, atoms_repe
 
 # --- MACE -----------------------------------------------------------------------------------------------------
 
-def _mace_args(out: Path, devices: int, steps: int, device: str) -> list[str]:
-    args = ["--name", "mg", "--seed", "7", "--train_file", str(out / "mace_train.xyz"),
-            "--valid_file", str(out / "mace_valid.xyz"), "--E0s", "average", "--model", "MACE",
-            "--hidden_irreps", "32x0e+32x1o", "--r_max", "4.0", "--num_interactions", "2", "--max_ell", "2",
-            "--correlation", "2", "--num_radial_basis", "6", "--radial_MLP", "[32]", "--MLP_irreps", "16x0e",
+def _mace_args(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, size: str = "small") -> list[str]:
+    args = ["--name", "mg", "--seed", "7", "--train_file", str(out / f"mace_train_{atoms_repeat}.xyz"),
+            "--valid_file", str(out / f"mace_valid_{atoms_repeat}.xyz"), "--E0s", "average", "--model", "MACE",
+            *MACE_SIZES[size], "--num_interactions", "2", "--MLP_irreps", "16x0e",
             "--scaling", "no_scaling", "--batch_size", str(TRAIN // devices),
             "--valid_batch_size", str(max(1, VALID // devices)), "--max_num_epochs", str(steps),
             "--device", device, "--default_dtype", "float32", "--work_dir", str(out / f"mace_{devices}"),
@@ -286,16 +298,17 @@ def _mace_data(out: Path, atoms_repeat: int) -> None:
         atoms.arrays["REF_forces"] = atoms.calc.results["forces"].copy()
         atoms.info["REF_stress"] = atoms.calc.results["stress"].copy()
         atoms.calc = None
-    write(str(out / "mace_train.xyz"), frames[:TRAIN], format="extxyz")
-    write(str(out / "mace_valid.xyz"), frames[TRAIN:], format="extxyz")
+    write(str(out / f"mace_train_{atoms_repeat}.xyz"), frames[:TRAIN], format="extxyz")
+    write(str(out / f"mace_valid_{atoms_repeat}.xyz"), frames[TRAIN:], format="extxyz")
 
 
-def run_mace(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, plain: bool = False) -> int:
-    if not (out / "mace_train.xyz").exists():
+def run_mace(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, plain: bool = False,
+             size: str = "small") -> int:
+    if not (out / f"mace_train_{atoms_repeat}.xyz").exists():
         _mace_data(out, atoms_repeat)
     tag = f"mace_plain_{devices}" if plain else f"mace_{devices}"
     me = str(Path(__file__).resolve())
-    argv = _mace_args(out, devices, steps, device)
+    argv = _mace_args(out, devices, steps, device, atoms_repeat, size)
     if plain:
         argv[argv.index("--work_dir") + 1] += "_plain"
     if devices > 1:
@@ -330,6 +343,14 @@ def smi_gpus(smi: Path | None) -> dict[int, set[str]]:
     return seen
 
 
+def steady(steps: list[dict]) -> list[dict]:
+    """The steps a throughput is taken over: the second half of them (at least the steps after the first).
+    The first steps load kernels, create library handles and grow the caching allocator: on the H200 MACE's
+    first five took 0.4-1.9 s against 0.06 s after (``multigpu.md``), so a median over all but the first
+    measured warm-up, not training."""
+    return steps[max(1, len(steps) // 2):] or steps
+
+
 def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | None = None) -> dict:
     import torch
 
@@ -356,7 +377,7 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
     param_diff = rel_err(params[0], p1)
 
     def rank_stats(steps, rank):
-        timed = [st["seconds"] for st in steps[1:]] or [steps[0]["seconds"]]  # first step: compile, warm-up
+        timed = [st["seconds"] for st in steady(steps)]
         med = statistics.median(timed)
         return {"rank": rank, "device": steps[-1].get("device"), "median_step_s": med,
                 "step_seconds": [round(st["seconds"], 4) for st in steps],
@@ -389,20 +410,21 @@ def report(out: Path, devices: int, tol: float, smi: Path | None = None) -> int:
                if list(out.glob(f"{fw}_1_rank*.json")) or list(out.glob(f"{fw}_{devices}_rank*.json"))}
     (out / "multigpu_train.json").write_text(json.dumps(results, indent=1))
     lines = [f"# Data-parallel training, {devices} GPUs vs 1 (same global batch of {TRAIN} structures)", "",
-             f"Loss tolerance: relative {tol:g} (fp32). Per-rank throughput over median step time after the "
-             "first step.", "",
+             f"Loss tolerance: relative {tol:g} (fp32). Per-rank throughput over the median time of the second "
+             "half of the steps (the first ones are warm-up).", "",
              "| framework | steps | max loss rel diff | params equal across ranks | final params rel diff | "
-             "1 GPU samples/s | per-rank samples/s | per-rank peak MiB | torch memory on other GPUs | "
+             "1 GPU samples/s | per-rank samples/s | sum / 1 GPU | per-rank peak MiB | torch memory on other GPUs | "
              "nvidia-smi: other GPUs per rank | ok |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for fw, r in results.items():
         if "error" in r:
-            lines.append(f"| {fw} | {r['error']} ||||||||||")
+            lines.append(f"| {fw} | {r['error']} |||||||||||")
             continue
         lines.append(
             f"| {fw} | {r['steps']} | {r['max_loss_rel_diff']:.2e} | {r['params_identical_across_ranks_every_step']}"
             f" | {r['final_param_max_rel_diff_vs_single']:.2e} | {r['single']['samples_per_s']:.1f} | "
             + ", ".join(f"{x['samples_per_s']:.1f}" for x in r["ranks"]) + " | "
+            + f"{r['throughput_ratio_same_global_batch']:.2f}x | "
             + ", ".join(f"{x['peak_mib']:.0f}" for x in r["ranks"]) + " | "
             + ", ".join(str(x["allocated_on_other_gpus"]) for x in r["ranks"]) + " | "
             + f"{r['nvidia_smi_gpus_other_than_own']} | {r['ok']} |")
@@ -423,6 +445,8 @@ def main(argv=None) -> int:
     parser.add_argument("--accelerator", default="gpu", help="nequip: gpu, or cpu to try the harness here")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--repeat", type=int, default=3, help="fcc Cu cubic cell repeated n x n x n (4n^3 atoms)")
+    parser.add_argument("--model", choices=sorted(MACE_SIZES), default="small",
+                        help="model size: small (fast harness check) or medium (throughput)")
     parser.add_argument("--single-only", action="store_true")
     parser.add_argument("--plain", action="store_true",
                         help="mace: MACE's own trainer without mlip_accel (the control), records mace_plain_*")
@@ -436,10 +460,10 @@ def main(argv=None) -> int:
     rc = 0
     for devices in ([1] if args.single_only else [1, args.devices]):
         if args.what == "nequip":
-            code = run_nequip(args.out, devices, args.accelerator, args.steps, args.repeat)
+            code = run_nequip(args.out, devices, args.accelerator, args.steps, args.repeat, args.model)
         else:
             code = run_mace(args.out, devices, args.steps, "cuda" if args.accelerator == "gpu" else "cpu",
-                            args.repeat, args.plain)
+                            args.repeat, args.plain, args.model)
         name = "mace_plain" if args.what == "mace" and args.plain else args.what
         print(f"{args.what} on {devices} device(s): exit {code} (log {args.out}/{name}_{devices}.log)")
         rc = rc or code
