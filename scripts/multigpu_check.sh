@@ -6,7 +6,8 @@
 #
 # --repeat N: training structures are fcc Cu cells of 4 N^3 atoms (default 3: 108 atoms; 6: 864 atoms, the
 # carbon-1k size of issue 17's throughput target). --model medium: MACE-MP-0-medium-size MACE, NequIP of 64
-# features (scripts/multigpu_train.py MACE_SIZES / NEQUIP_SIZES). MG_PLAIN=0 skips the plain-MACE control.
+# features (scripts/multigpu_train.py MACE_SIZES / NEQUIP_SIZES). MG_PLAIN=0 skips the plain-MACE control;
+# MG_WEAK=0 the runs where every rank takes the 1-GPU batch (throughput as a user adding a GPU sees it).
 #
 # About 5 minutes on a fresh machine (call it with timeout_s 600): NVRTC compiles each model's kernels on
 # first use (the 1-GPU run fills the disk cache that the ranks then load). Stage limits in seconds:
@@ -94,12 +95,22 @@ if want nequip || want mace; then
     timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model" \
       >>"$WORK/records/train.log" 2>&1
     stage "nequip-train ddp (1 vs 2 GPUs)" $?
+    if [[ ${MG_WEAK:-1} == 1 ]]; then  # every rank the 1-GPU batch: the throughput a user adding a GPU gets
+      timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model --weak" \
+        >>"$WORK/records/train.log" 2>&1
+      stage "nequip-train ddp, 1-GPU batch per rank" $?
+    fi
   fi
   if want mace; then
     # step 3 of every rank under torch.profiler ($WORK/mace_*_rank*_profile.txt, archived with the records)
     timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model" \
       >>"$WORK/records/train.log" 2>&1
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
+    if [[ ${MG_WEAK:-1} == 1 ]]; then
+      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model --weak" \
+        >>"$WORK/records/train.log" 2>&1
+      stage "mlip-accel-mace-train --distributed, 1-GPU batch per rank" $?
+    fi
     # the control: MACE's own trainer, no mlip_accel (is the 2-GPU slowdown ours or MACE + DDP's?)
     if [[ ${MG_PLAIN:-1} == 1 ]]; then
       timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model --plain" \

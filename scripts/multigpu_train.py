@@ -148,6 +148,15 @@ def _frames(count: int, seed: int, repeat: int):
     return frames
 
 
+def _layout(framework: str, devices: int, weak: bool) -> tuple[str, int, int]:
+    """(record tag, training structures, structures per rank and step). The default keeps the global batch at
+    TRAIN whatever the device count (losses comparable with one GPU); ``weak`` gives every rank TRAIN, as a
+    user adding a GPU to go faster does (throughput only: another global batch, another loss)."""
+    if weak and devices > 1:
+        return f"{framework}_weak_{devices}", TRAIN * devices, TRAIN
+    return f"{framework}_{devices}", TRAIN, TRAIN // devices
+
+
 # --- nequip ---------------------------------------------------------------------------------------------------
 
 def _env(extra=None) -> dict:
@@ -157,16 +166,18 @@ def _env(extra=None) -> dict:
     return env
 
 
-def _nequip_config(out: Path, devices: int, accelerator: str, steps: int, size: str = "small") -> Path:
+def _nequip_config(out: Path, devices: int, accelerator: str, steps: int, size: str = "small",
+                   weak: bool = False) -> Path:
     from omegaconf import OmegaConf
 
     from mlip_accel.integrations.nequip import example
 
     cfg = OmegaConf.load(Path(example.__file__).parent / "train.yaml")
     cfg.model_dtype = "float32"
+    tag, train, per_rank = _layout("nequip", devices, weak)
     cfg.max_epochs = steps  # one global batch per epoch: epochs = optimiser steps
-    cfg.data.split_dataset.train, cfg.data.split_dataset.val = TRAIN, VALID
-    cfg.data.train_dataloader.batch_size = TRAIN // devices
+    cfg.data.split_dataset.train, cfg.data.split_dataset.val = train, VALID
+    cfg.data.train_dataloader.batch_size = per_rank
     cfg.data.val_dataloader.batch_size = max(1, VALID // devices)
     cfg.trainer.accelerator = accelerator
     cfg.trainer.devices = devices
@@ -174,45 +185,48 @@ def _nequip_config(out: Path, devices: int, accelerator: str, steps: int, size: 
         cfg.trainer.strategy = "ddp"
     cfg.trainer.num_sanity_val_steps = 0
     cfg.trainer.callbacks.append({"_target_": "multigpu_train.StepProbe", "out": str(out),
-                                  "tag": f"nequip_{devices}"})
+                                  "tag": tag})
     model = cfg.training_module.model.model
     for key, value in NEQUIP_SIZES[size].items():
         setattr(model, key, value)
-    path = out / "config" / f"train_{devices}.yaml"
+    path = out / "config" / f"train_{tag}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, path)
     return path
 
 
 def run_nequip(out: Path, devices: int, accelerator: str, steps: int, atoms_repeat: int,
-               size: str = "small") -> int:
+               size: str = "small", weak: bool = False) -> int:
     from ase.io import write
 
-    data = out / f"cu_emt_{atoms_repeat}.xyz"
+    tag, train, _ = _layout("nequip", devices, weak)
+    data = out / f"cu_emt_{atoms_repeat}_{train}.xyz"
     if not data.exists():
-        write(str(data), _frames(TRAIN + VALID, seed=3, repeat=atoms_repeat), format="extxyz")
-    cfg = _nequip_config(out, devices, accelerator, steps, size)
+        write(str(data), _frames(train + VALID, seed=3, repeat=atoms_repeat), format="extxyz")
+    cfg = _nequip_config(out, devices, accelerator, steps, size, weak)
     exe = shutil.which("nequip-train") or shutil.which("nequip-train", path=str(Path(sys.executable).parent))
-    run_dir = out / f"nequip_{devices}"
+    run_dir = out / tag
     # the console script, or the module it runs (Lightning's DDP launcher re-runs either for rank 1)
     cmd = [exe] if exe else [sys.executable, "-m", "nequip.scripts.train"]
     cmd += ["-cp", str(cfg.parent), "-cn", cfg.stem, f"data_file={data}", f"hydra.run.dir={run_dir}"]
     start = time.perf_counter()
-    with open(out / f"nequip_{devices}.log", "w") as log:
+    with open(out / f"{tag}.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=out).returncode
-    (out / f"nequip_{devices}.wall").write_text(f"{time.perf_counter() - start:.1f}")
+    (out / f"{tag}.wall").write_text(f"{time.perf_counter() - start:.1f}")
     return rc
 
 
 # --- MACE -----------------------------------------------------------------------------------------------------
 
-def _mace_args(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, size: str = "small") -> list[str]:
-    args = ["--name", "mg", "--seed", "7", "--train_file", str(out / f"mace_train_{atoms_repeat}.xyz"),
+def _mace_args(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, size: str = "small",
+               weak: bool = False) -> list[str]:
+    tag, train, per_rank = _layout("mace", devices, weak)
+    args = ["--name", "mg", "--seed", "7", "--train_file", str(out / f"mace_train_{atoms_repeat}_{train}.xyz"),
             "--valid_file", str(out / f"mace_valid_{atoms_repeat}.xyz"), "--E0s", "average", "--model", "MACE",
             *MACE_SIZES[size], "--num_interactions", "2", "--MLP_irreps", "16x0e",
-            "--scaling", "no_scaling", "--batch_size", str(TRAIN // devices),
+            "--scaling", "no_scaling", "--batch_size", str(per_rank),
             "--valid_batch_size", str(max(1, VALID // devices)), "--max_num_epochs", str(steps),
-            "--device", device, "--default_dtype", "float32", "--work_dir", str(out / f"mace_{devices}"),
+            "--device", device, "--default_dtype", "float32", "--work_dir", str(out / tag),
             "--energy_key", "REF_energy", "--forces_key", "REF_forces", "--stress_key", "REF_stress"]
     if devices > 1:
         args += ["--distributed", "--launcher", "torchrun"]
@@ -289,26 +303,26 @@ def mace_rank_main(out: str, tag: str, argv: list[str]) -> None:
         entry.main(argv)
 
 
-def _mace_data(out: Path, atoms_repeat: int) -> None:
+def _mace_data(out: Path, atoms_repeat: int, train: int) -> None:
     from ase.io import write
 
-    frames = _frames(TRAIN + VALID, seed=5, repeat=atoms_repeat)
+    frames = _frames(train + VALID, seed=5, repeat=atoms_repeat)
     for atoms in frames:  # MACE reads REF_* keys
         atoms.info["REF_energy"] = atoms.calc.results["energy"]
         atoms.arrays["REF_forces"] = atoms.calc.results["forces"].copy()
         atoms.info["REF_stress"] = atoms.calc.results["stress"].copy()
         atoms.calc = None
-    write(str(out / f"mace_train_{atoms_repeat}.xyz"), frames[:TRAIN], format="extxyz")
-    write(str(out / f"mace_valid_{atoms_repeat}.xyz"), frames[TRAIN:], format="extxyz")
+    write(str(out / f"mace_train_{atoms_repeat}_{train}.xyz"), frames[:train], format="extxyz")
+    write(str(out / f"mace_valid_{atoms_repeat}.xyz"), frames[train:], format="extxyz")
 
 
 def run_mace(out: Path, devices: int, steps: int, device: str, atoms_repeat: int, plain: bool = False,
-             size: str = "small") -> int:
-    if not (out / f"mace_train_{atoms_repeat}.xyz").exists():
-        _mace_data(out, atoms_repeat)
-    tag = f"mace_plain_{devices}" if plain else f"mace_{devices}"
+             size: str = "small", weak: bool = False) -> int:
+    tag, train, _ = _layout("mace_plain" if plain else "mace", devices, weak)
+    if not (out / f"mace_train_{atoms_repeat}_{train}.xyz").exists():
+        _mace_data(out, atoms_repeat, train)
     me = str(Path(__file__).resolve())
-    argv = _mace_args(out, devices, steps, device, atoms_repeat, size)
+    argv = _mace_args(out, devices, steps, device, atoms_repeat, size, weak)
     if plain:
         argv[argv.index("--work_dir") + 1] += "_plain"
     if devices > 1:
@@ -351,13 +365,28 @@ def steady(steps: list[dict]) -> list[dict]:
     return steps[max(1, len(steps) // 2):] or steps
 
 
-def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | None = None) -> dict:
+def _rank_stats(steps: list[dict], rank: int) -> dict:
+    med = statistics.median(st["seconds"] for st in steady(steps))
+    return {"rank": rank, "device": steps[-1].get("device"), "median_step_s": med,
+            "step_seconds": [round(st["seconds"], 4) for st in steps],
+            "samples_per_step": steps[-1]["samples"], "samples_per_s": steps[-1]["samples"] / med,
+            "peak_mib": steps[-1].get("peak_bytes", 0) / 2**20,
+            "allocated_on_other_gpus": steps[-1].get("allocated_elsewhere")}
+
+
+def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | None = None,
+            weak: bool = False) -> dict:
+    """The multi-device run against the 1-device one. Same global batch (default): losses per step and final
+    parameters against one device. ``weak`` (every rank the 1-device batch): throughput, parameters equal
+    across ranks and memory only (another global batch trains another model)."""
     import torch
 
     from mlip_accel.testing import rel_err
 
-    single, multi = _load(out, f"{framework}_1"), _load(out, f"{framework}_{devices}")
-    result = {"framework": framework, "devices": devices, "tolerance_rel": tol}
+    multi_tag = _layout(framework, devices, weak)[0]
+    single, multi = _load(out, f"{framework}_1"), _load(out, multi_tag)
+    result = {"framework": framework, "devices": devices, "tolerance_rel": tol,
+              "global_batch": "per rank as on one GPU" if weak else "as on one GPU"}
     if len(single) != 1 or len(multi) != devices:
         result["error"] = f"missing rank records: {len(single)} single, {len(multi)} of {devices} ranks"
         return result
@@ -370,20 +399,10 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
         # reduced over ranks, as nequip's, is the same on each rank and so its own mean)
         mean_loss = sum(r[i]["loss"] for r in ranks) / devices
         per_step.append({"step": i, "single_loss": s[i]["loss"], "multi_loss": mean_loss,
-                         "rel_diff": rel_err(torch.tensor(mean_loss), torch.tensor(s[i]["loss"])),
+                         "rel_diff": 0.0 if weak else rel_err(torch.tensor(mean_loss), torch.tensor(s[i]["loss"])),
                          "ranks_identical_params": len({r[i]["param_sha256"] for r in ranks}) == 1})
-    params = [torch.load(out / f"{framework}_{devices}_rank{k}.pt") for k in range(devices)]
-    p1 = torch.load(out / f"{framework}_1_rank0.pt")
-    param_diff = rel_err(params[0], p1)
-
-    def rank_stats(steps, rank):
-        timed = [st["seconds"] for st in steady(steps)]
-        med = statistics.median(timed)
-        return {"rank": rank, "device": steps[-1].get("device"), "median_step_s": med,
-                "step_seconds": [round(st["seconds"], 4) for st in steps],
-                "samples_per_step": steps[-1]["samples"], "samples_per_s": steps[-1]["samples"] / med,
-                "peak_mib": steps[-1].get("peak_bytes", 0) / 2**20,
-                "allocated_on_other_gpus": steps[-1].get("allocated_elsewhere")}
+    param_diff = 0.0 if weak else rel_err(torch.load(out / f"{multi_tag}_rank0.pt"),
+                                          torch.load(out / f"{framework}_1_rank0.pt"))
 
     seen = smi_gpus(smi)
     foreign = {r["rank"]: sorted(seen.get(r.get("pid"), set()) - {r.get("gpu_uuid")}) for r in multi}
@@ -391,14 +410,14 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
     result.update(steps=n, per_step=per_step, max_loss_rel_diff=max(p["rel_diff"] for p in per_step),
                   params_identical_across_ranks_every_step=all(p["ranks_identical_params"] for p in per_step),
                   final_param_max_rel_diff_vs_single=param_diff,
-                  single=rank_stats(s, 0), ranks=[rank_stats(r, k) for k, r in enumerate(ranks)])
+                  single=_rank_stats(s, 0), ranks=[_rank_stats(r, k) for k, r in enumerate(ranks)])
     # how far apart the ranks entered each step: a rank entering late makes the others wait in the all-reduce
     # (their step time then holds the late rank's work between steps)
     skews = [max(r[i].get("began_unix_s", 0) for r in ranks) - min(r[i].get("began_unix_s", 0) for r in ranks)
              for i in range(1, n)]
     result["median_entry_skew_s"] = statistics.median(skews) if skews else 0.0
     total = sum(r["samples_per_s"] for r in result["ranks"])
-    result["throughput_ratio_same_global_batch"] = total / result["single"]["samples_per_s"]
+    result["throughput_ratio"] = total / result["single"]["samples_per_s"]
     result["ok"] = (result["max_loss_rel_diff"] <= tol and result["params_identical_across_ranks_every_step"]
                     and all(not any((r["allocated_on_other_gpus"] or {}).values()) for r in result["ranks"])
                     and not (seen and any(foreign.values())))
@@ -406,10 +425,15 @@ def compare(out: Path, framework: str, devices: int, tol: float, smi: Path | Non
 
 
 def report(out: Path, devices: int, tol: float, smi: Path | None = None) -> int:
-    results = {fw: compare(out, fw, devices, tol, smi) for fw in ("nequip", "mace", "mace_plain")
-               if list(out.glob(f"{fw}_1_rank*.json")) or list(out.glob(f"{fw}_{devices}_rank*.json"))}
+    results = {}
+    for fw in ("nequip", "mace", "mace_plain"):
+        if list(out.glob(f"{fw}_1_rank*.json")) or list(out.glob(f"{fw}_{devices}_rank*.json")):
+            results[fw] = compare(out, fw, devices, tol, smi)
+        if list(out.glob(f"{fw}_weak_{devices}_rank*.json")):
+            results[f"{fw}, {TRAIN} per rank"] = compare(out, fw, devices, tol, smi, weak=True)
     (out / "multigpu_train.json").write_text(json.dumps(results, indent=1))
-    lines = [f"# Data-parallel training, {devices} GPUs vs 1 (same global batch of {TRAIN} structures)", "",
+    lines = [f"# Data-parallel training, {devices} GPUs vs 1 (same global batch of {TRAIN} structures; rows "
+             f"'{TRAIN} per rank': every rank the 1-GPU batch, throughput only)", "",
              f"Loss tolerance: relative {tol:g} (fp32). Per-rank throughput over the median time of the second "
              "half of the steps (the first ones are warm-up).", "",
              "| framework | steps | max loss rel diff | params equal across ranks | final params rel diff | "
@@ -417,14 +441,17 @@ def report(out: Path, devices: int, tol: float, smi: Path | None = None) -> int:
              "nvidia-smi: other GPUs per rank | ok |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for fw, r in results.items():
+        weak = r["global_batch"] != "as on one GPU"
         if "error" in r:
             lines.append(f"| {fw} | {r['error']} |||||||||||")
             continue
         lines.append(
-            f"| {fw} | {r['steps']} | {r['max_loss_rel_diff']:.2e} | {r['params_identical_across_ranks_every_step']}"
-            f" | {r['final_param_max_rel_diff_vs_single']:.2e} | {r['single']['samples_per_s']:.1f} | "
+            f"| {fw} | {r['steps']} | {'-' if weak else format(r['max_loss_rel_diff'], '.2e')} | "
+            f"{r['params_identical_across_ranks_every_step']} | "
+            f"{'-' if weak else format(r['final_param_max_rel_diff_vs_single'], '.2e')} | "
+            f"{r['single']['samples_per_s']:.1f} | "
             + ", ".join(f"{x['samples_per_s']:.1f}" for x in r["ranks"]) + " | "
-            + f"{r['throughput_ratio_same_global_batch']:.2f}x | "
+            + f"{r['throughput_ratio']:.2f}x | "
             + ", ".join(f"{x['peak_mib']:.0f}" for x in r["ranks"]) + " | "
             + ", ".join(str(x["allocated_on_other_gpus"]) for x in r["ranks"]) + " | "
             + f"{r['nvidia_smi_gpus_other_than_own']} | {r['ok']} |")
@@ -448,6 +475,8 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=sorted(MACE_SIZES), default="small",
                         help="model size: small (fast harness check) or medium (throughput)")
     parser.add_argument("--single-only", action="store_true")
+    parser.add_argument("--weak", action="store_true",
+                        help="every rank takes the 1-GPU batch (throughput); runs only the multi-device run")
     parser.add_argument("--plain", action="store_true",
                         help="mace: MACE's own trainer without mlip_accel (the control), records mace_plain_*")
     parser.add_argument("--tol", type=float, default=1e-4)
@@ -458,14 +487,14 @@ def main(argv=None) -> int:
     if args.what == "report":
         return report(args.out, args.devices, args.tol, args.smi)
     rc = 0
-    for devices in ([1] if args.single_only else [1, args.devices]):
+    for devices in ([1] if args.single_only else [args.devices] if args.weak else [1, args.devices]):
         if args.what == "nequip":
-            code = run_nequip(args.out, devices, args.accelerator, args.steps, args.repeat, args.model)
+            code = run_nequip(args.out, devices, args.accelerator, args.steps, args.repeat, args.model, args.weak)
         else:
             code = run_mace(args.out, devices, args.steps, "cuda" if args.accelerator == "gpu" else "cpu",
-                            args.repeat, args.plain, args.model)
-        name = "mace_plain" if args.what == "mace" and args.plain else args.what
-        print(f"{args.what} on {devices} device(s): exit {code} (log {args.out}/{name}_{devices}.log)")
+                            args.repeat, args.plain, args.model, args.weak)
+        name = _layout("mace_plain" if args.what == "mace" and args.plain else args.what, devices, args.weak)[0]
+        print(f"{args.what} on {devices} device(s): exit {code} (log {args.out}/{name}.log)")
         rc = rc or code
     return rc
 
