@@ -57,6 +57,9 @@ def emt_structures(count: int = 2, seed: int = 0, alloy: bool = True):
 
 def batch(frames, r_max: float = R_MAX, type_names=TYPE_NAMES):
     """The frames as one batched nequip data dict with neighbour lists."""
+    # nequip's global state sets float64 as torch's default dtype, which from_ase gives the positions: a batch
+    # made before any model (a module fixture when only GPU tests are selected) was float32 otherwise
+    init_nequip()
     from nequip.data import AtomicDataDict, compute_neighborlist_, from_ase
     from nequip.data.transforms import ChemicalSpeciesToAtomTypeMapper
 
