@@ -117,6 +117,25 @@ def time_case(step, device: torch.device, min_seconds: float, max_reps: int, war
             "peak_mib": peak}
 
 
+def host_case(step, device: torch.device, reps: int = 5) -> dict:
+    """Whether a step is bound by the host: ``host_ms`` until ``step()`` returns (after a synchronisation, so
+    the GPU starts idle; waits at the step's own syncs are in it), ``wall_ms`` until the GPU is done too, and the
+    host-device synchronisations inside the step with where they happen (mlip_accel.testing.op_count)."""
+    from mlip_accel.testing.op_count import count_syncs
+
+    host, wall = [], []
+    for _ in range(reps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        step()
+        host.append(time.perf_counter() - t0)
+        synchronize(device)
+        wall.append(time.perf_counter() - t0)
+    syncs = count_syncs(step)
+    return {"host_ms": 1000 * statistics.median(host), "host_wall_ms": 1000 * statistics.median(wall),
+            "syncs": syncs["count"], "sync_sites": syncs["where"]}
+
+
 def profile_case(step, path: str, rows: int = 40) -> None:
     """One more step under torch.profiler: the operations and kernels by GPU time, written to ``path``."""
     from torch.profiler import ProfilerActivity, profile
@@ -188,6 +207,10 @@ def run(args) -> dict:
                         result = time_case(step, device, 0.0 if slow else min_seconds, 1 if slow else max_reps,
                                            1 if slow or args.tiny else 2)
                         case.update(status="ok", **result)
+                        if args.host and device.type == "cuda":
+                            case.update(host_case(step, device))
+                            print(f"[bench_mace_step] host {case['host_ms']:.2f} ms of {case['host_wall_ms']:.2f}, "
+                                  f"{case['syncs']} syncs: {case['sync_sites']}", file=sys.stderr)
                         if args.profile and device.type == "cuda":
                             profile_case(step, os.path.join(args.out, f"profile_{impl}_{dtype_name}_{mode}_{atoms}.txt"))
                         last = {k: v.cpu() for k, v in step.last.items()}
@@ -301,6 +324,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--max-reps", type=int, default=20)
+    parser.add_argument("--host", action="store_true",
+                        help="also time the host (until the step returns) and count host-device syncs by site")
     parser.add_argument("--profile", action="store_true",
                         help="also write each case's kernels by GPU time (torch.profiler, one step) under --out")
     parser.add_argument("--time-budget", type=float, default=400.0, help="seconds; later cases are skipped")
