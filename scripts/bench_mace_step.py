@@ -136,6 +136,57 @@ def host_case(step, device: torch.device, reps: int = 5) -> dict:
             "syncs": syncs["count"], "sync_sites": syncs["where"]}
 
 
+def python_self_times(trace: dict, rows: int = 45) -> str:
+    """A table of the Python functions in a torch.profiler chrome trace (``with_stack=True``, every thread, the
+    autograd engine's included, where custom Functions' backwards run) by self time: each event's duration less
+    its children's on the same thread. Where a host-bound step's host time goes."""
+    import collections
+
+    by_thread = collections.defaultdict(list)
+    for ev in trace.get("traceEvents", []):
+        if ev.get("ph") == "X" and "dur" in ev:
+            by_thread[(ev.get("pid"), ev.get("tid"))].append(ev)
+    self_us, total_us, calls = collections.Counter(), collections.Counter(), collections.Counter()
+    for events in by_thread.values():
+        events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, children's time]
+        for ev in events + [None]:
+            while stack and (ev is None or ev["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]):
+                done, child = stack.pop()
+                name = done["name"] if done.get("cat") == "python_function" else f"[op] {done['name']}"
+                self_us[name] += done["dur"] - child
+                total_us[name] += done["dur"]
+                calls[name] += 1
+                if stack:
+                    stack[-1][1] += done["dur"]
+            if ev is not None:
+                stack.append([ev, 0.0])
+    lines = [f"{'self ms':>9} {'total ms':>9} {'calls':>7}  function (python) or [op] (torch op / CUDA runtime)"]
+    for name, us in [kv for kv in self_us.most_common(rows + 2) if not kv[0].startswith("[op] PyTorch Profiler")][:rows]:
+        lines.append(f"{us / 1000:9.2f} {total_us[name] / 1000:9.2f} {calls[name]:7d}  {name[:150]}")
+    return "\n".join(lines) + "\n"
+
+
+def host_profile(step, path: str) -> None:
+    """One step under torch.profiler with Python stacks (CPU only): :func:`python_self_times` to ``path``."""
+    import json as _json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        step()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            table = python_self_times(_json.load(f))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(table)
+
+
 def profile_case(step, path: str, rows: int = 40) -> None:
     """One more step under torch.profiler: the operations and kernels by GPU time, written to ``path``."""
     from torch.profiler import ProfilerActivity, profile
@@ -211,6 +262,7 @@ def run(args) -> dict:
                             case.update(host_case(step, device))
                             print(f"[bench_mace_step] host {case['host_ms']:.2f} ms of {case['host_wall_ms']:.2f}, "
                                   f"{case['syncs']} syncs: {case['sync_sites']}", file=sys.stderr)
+                            host_profile(step, os.path.join(args.out, f"host_{impl}_{dtype_name}_{mode}_{atoms}.txt"))
                         if args.profile and device.type == "cuda":
                             profile_case(step, os.path.join(args.out, f"profile_{impl}_{dtype_name}_{mode}_{atoms}.txt"))
                         last = {k: v.cpu() for k, v in step.last.items()}
