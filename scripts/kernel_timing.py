@@ -120,6 +120,7 @@ def run_case(problem, name: str, dtype, num_nodes: int, num_edges: int, bandwidt
 FWD_BUDGETS = (24, 32, 48, 64, 96)  # accumulators per lane
 BWD_BUDGETS = (6, 8, 12, 16, 24)
 SWEEP_EPW = (32, 64, None)  # None: the backend's default (the mean degree)
+SWEEP_LOOPS = (False, True)  # chunk loops (runtime.tuning.chunk_loops) off and on, forward and backward
 
 
 def kernel_resources(gm) -> dict:
@@ -138,7 +139,9 @@ def double_settings(dt: str) -> list[dict]:
     fwd0, bwd0 = ACC_BUDGET[("double_forward", dt)], ACC_BUDGET[("double_backward", dt)]
     return ([{"forward": b, "backward": bwd0, "loops": False} for b in FWD_BUDGETS]
             + [{"forward": fwd0, "backward": b, "loops": False} for b in BWD_BUDGETS if b != bwd0]
-            + [{"forward": fwd0, "backward": bwd0, "loops": True}])
+            + [{"forward": fwd0, "backward": bwd0, "loops": True}]
+            # chunk loops with the small by-sender budgets (each was fastest alone for mace-medium)
+            + [{"forward": f, "backward": b, "loops": True} for f in (32, fwd0) for b in (6, 8)])
 
 
 def _double_modules(problem, dt: str, setting: dict):
@@ -158,14 +161,11 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
     dt = str(dtype).split(".")[-1]
     target = compiler.target_for(torch.cuda.get_device_capability())
     sources = []
-    if "forward" in directions:
-        for b in FWD_BUDGETS:
-            with cuda.accumulator_budget(forward=b):
-                sources.append(cuda.module_for(problem, dt, "forward", "det").source)
-    if "backward" in directions:
-        for b in BWD_BUDGETS:
-            with cuda.accumulator_budget(backward=b):
-                sources.append(cuda.module_for(problem, dt, "backward", "det").source)
+    for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
+        if direction in directions:
+            for b, loops in itertools.product(budgets, SWEEP_LOOPS):
+                with cuda.accumulator_budget(**{direction: b}), cuda.chunk_loops(loops):
+                    sources.append(cuda.module_for(problem, dt, direction, "det").source)
     if "double" in directions:
         for setting in double_settings(dt):
             sources += [gm.source for gm in _double_modules(problem, dt, setting)]
@@ -190,8 +190,8 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
     for direction, budgets in (("forward", FWD_BUDGETS), ("backward", BWD_BUDGETS)):
         if direction not in directions:
             continue
-        for b in budgets:
-            with cuda.accumulator_budget(**{direction: b}):
+        for b, loops in itertools.product(budgets, SWEEP_LOOPS):
+            with cuda.accumulator_budget(**{direction: b}), cuda.chunk_loops(loops):
                 gm = cuda.module_for(problem, dt, direction, "det")
                 fn = ((lambda: cuda.conv_forward(problem, x, y, w, dst, src, graph.perm))
                       if direction == "forward" else
@@ -201,7 +201,7 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
                     with ctx:
                         ms = median_ms(fn, 10)
                     rows.append({"problem": name, "dtype": dt, "direction": direction, "budget": b,
-                                 "phases": gm.num_phases, "epw": epw or "mean-degree", "ms": ms,
+                                 "loops": loops, "phases": gm.num_phases, "epw": epw or "mean-degree", "ms": ms,
                                  **kernel_resources(gm)})
                     print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -256,7 +256,7 @@ def main() -> None:
                 best[k] = r
         for r in best.values():
             extra = (f", by sender {r['budget_by_sender']} ({r['phases_by_sender']} phases, {r['regs_by_sender']} regs),"
-                     f" loops {r['loops']}" if r["direction"] == "double" else "")
+                     f" loops {r['loops']}" if r["direction"] == "double" else f", loops {r.get('loops')}")
             print(f"best {r['problem']} {r['dtype']} {r['direction']}: budget {r['budget']} ({r['phases']} phases,"
                   f" {r['regs']} regs, {r['local_bytes']} B local){extra}, epw {r['epw']}: {r['ms']:.3f} ms")
         return
