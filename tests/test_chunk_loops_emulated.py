@@ -77,3 +77,42 @@ def test_tp_and_float32_and_default_budgets(looped):
     _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
            reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
            torch.float32, "backward grad y")
+
+
+def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
+    """Without an override, chunk loops are generated where they were measured to pay (every input irrep >= 128
+    channels: MACE's convolutions; the fp32 backward and the fp64 double backward), nowhere else."""
+    from mlip_accel.runtime.kernels import module_for
+    from mlip_accel.runtime.tuning import chunk_loops_enabled
+    from kernel_cases import bench_problem, bench_problem_specs
+
+    specs = {s["name"]: bench_problem(s) for s in bench_problem_specs()}
+    for name in ("mace-medium", "mace-large"):
+        assert chunk_loops_enabled(specs[name], "backward", "float32")
+        assert chunk_loops_enabled(specs[name], "double_backward", "float64")
+        assert chunk_loops_enabled(specs[name], "double_forward", "float64")
+        assert not chunk_loops_enabled(specs[name], "forward", "float32")
+        assert not chunk_loops_enabled(specs[name], "double_backward", "float32")
+        gm = module_for(specs[name], "float32", "backward", "det")
+        assert gm.spec.chunk_loops and gm.spec.budget == 16
+        assert not module_for(specs[name], "float32", "forward", "det").spec.chunk_loops
+    for name in ("nequip-benzene", "nequip-toluene", "nequip-oam-l"):  # 64 or fewer channels somewhere
+        for direction, dtype in (("backward", "float32"), ("double_backward", "float64")):
+            assert not chunk_loops_enabled(specs[name], direction, dtype)
+    with cuda.chunk_loops(False):  # an override wins
+        assert not chunk_loops_enabled(specs["mace-medium"], "backward", "float32")
+
+
+def test_rule_chosen_loops_match_the_reference(emulator):
+    """A 128-channel problem's fp32 backward, generated with chunk loops by the rule (no override), against the
+    reference on a small hub graph."""
+    from mlip_accel.runtime.kernels import module_for
+
+    problem = random_uvu_problem(5, muls=(128, 130), lmax=2)  # 4 and 5 chunks per irrep
+    assert module_for(problem, "float32", "backward", "det").spec.chunk_loops
+    x, y, w, gz = inputs(problem, 5, 12, torch.float32, seed=5)
+    dst, src = graph("hub", 5, 12, seed=5)
+    _, tperm = edge_orders(sort_edges(dst, src, 5))
+    with use_executor(emulator), debug.poison():
+        _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+               reference.conv_backward(problem, x, y, w, gz, dst, src), torch.float32, "backward")

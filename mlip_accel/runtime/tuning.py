@@ -23,13 +23,28 @@ _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows bet
 
 # Chunk loops (codegen: KernelSpec.chunk_loops): a phase's code generated once for all 32-channel chunks of its
 # irreps, which the kernel visits as blocks along y, instead of unrolled per chunk. Smaller sources, shorter cold
-# compiles; off until its run time is measured on a GPU (scripts/gpu_check_double.sh times both).
-CHUNK_LOOPS = False
+# compiles, a quarter of the live registers for 128 channels, but the edge's y and CG coefficients are redone
+# per chunk. Measured on an H100 (carbon-1k size, benchmarks/double_backward_sweep_notes.md): where every input
+# irrep has >= 128 channels (MACE's convolutions) they pay in the backward, fp32 (mace-medium 1.36 -> 1.09 ms,
+# mace-large 2.39 -> 1.99-2.06 at budget 16) and in the fp64 double backward (-5 % / -9 %); with 64 channels and
+# many paths they cost (nequip-benzene's double backward: +13 % fp32, 2.3x fp64). Elsewhere unmeasured: off.
+CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule below applies when it is off)
+LOOPS_MIN_CHANNELS = 128
+LOOPS_PAY = {("backward", "float32"), ("double_forward", "float64"), ("double_backward", "float64")}
+LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unrolled: 4 phases for mace-large)
 _CHUNK_LOOPS_OVERRIDE: list[bool] = []
 
 
-def chunk_loops_enabled() -> bool:
-    return _CHUNK_LOOPS_OVERRIDE[-1] if _CHUNK_LOOPS_OVERRIDE else CHUNK_LOOPS
+def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str | None = None) -> bool:
+    """Whether a walk is generated with chunk loops: a test or benchmark override, else :data:`CHUNK_LOOPS`, else
+    the measured rule (:data:`LOOPS_PAY` for a problem whose every input irrep has at least
+    :data:`LOOPS_MIN_CHANNELS` channels)."""
+    if _CHUNK_LOOPS_OVERRIDE:
+        return _CHUNK_LOOPS_OVERRIDE[-1]
+    if CHUNK_LOOPS or problem is None:
+        return CHUNK_LOOPS
+    return ((direction, dtype) in LOOPS_PAY and bool(problem.irreps_in1)
+            and min(mul for mul, _, _ in problem.irreps_in1) >= LOOPS_MIN_CHANNELS)
 
 
 @contextlib.contextmanager
@@ -64,11 +79,14 @@ def small_budgets(enabled: bool = True):
 
 def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) -> int:
     """Accumulators per lane of a walk: a test override, else the small budget where :data:`SMALL_BUDGET` has one
-    and ``problem``'s schedule grows by at most one phase with it, else :data:`ACC_BUDGET`."""
+    and ``problem``'s schedule grows by at most one phase with it, else :data:`LOOPS_BUDGET` (with chunk loops)
+    or :data:`ACC_BUDGET`."""
     key = _OVERRIDE_KEY[direction]
     if key in _BUDGET_OVERRIDE:
         return _BUDGET_OVERRIDE[key]
     base, small = ACC_BUDGET[(direction, dtype)], SMALL_BUDGET.get((direction, dtype))
+    if loops:
+        base = LOOPS_BUDGET.get((direction, dtype), base)
     if small is None or problem is None or (_SMALL_BUDGETS_OFF and _SMALL_BUDGETS_OFF[-1]):
         return base
     from ..codegen.schedule import build_schedule
