@@ -5,6 +5,7 @@ here (:func:`scalar_overrides`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 # Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
 # mace-large/mace-medium/nequip-benzene): the backward runs fastest as several small phases (more warps,
@@ -29,6 +30,8 @@ _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows bet
 # mace-large 2.39 -> 1.99-2.06 at budget 16) and in the fp64 double backward (-5 % / -9 %); with 64 channels and
 # many paths they cost (nequip-benzene's double backward: +13 % fp32, 2.3x fp64). Elsewhere unmeasured: off.
 CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule below applies when it is off)
+# $MLIP_ACCEL_CHUNK_LOOPS: "1" every walk looped, "0" none (benchmarks' A/B of the rule), unset: the rule
+_ENV_LOOPS = {"1": True, "0": False}.get(os.environ.get("MLIP_ACCEL_CHUNK_LOOPS", ""))
 LOOPS_MIN_CHANNELS = 128
 LOOPS_PAY = {("backward", "float32"), ("double_forward", "float64"), ("double_backward", "float64")}
 LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unrolled: 4 phases for mace-large)
@@ -36,11 +39,14 @@ _CHUNK_LOOPS_OVERRIDE: list[bool] = []
 
 
 def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str | None = None) -> bool:
-    """Whether a walk is generated with chunk loops: a test or benchmark override, else :data:`CHUNK_LOOPS`, else
+    """Whether a walk is generated with chunk loops: a test or benchmark override, else ``$MLIP_ACCEL_CHUNK_LOOPS``
+    ("0" / "1"), else :data:`CHUNK_LOOPS`, else
     the measured rule (:data:`LOOPS_PAY` for a problem whose every input irrep has at least
     :data:`LOOPS_MIN_CHANNELS` channels)."""
     if _CHUNK_LOOPS_OVERRIDE:
         return _CHUNK_LOOPS_OVERRIDE[-1]
+    if _ENV_LOOPS is not None:
+        return _ENV_LOOPS
     if CHUNK_LOOPS or problem is None:
         return CHUNK_LOOPS
     return ((direction, dtype) in LOOPS_PAY and bool(problem.irreps_in1)
