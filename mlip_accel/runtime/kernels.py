@@ -20,7 +20,7 @@ def problem_key(problem: TPProblem) -> str:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
-    loops = chunk_loops_enabled(problem, direction, dtype)
+    loops = chunk_loops_enabled(problem, direction, dtype)  # a dict lookup and a min over a few irreps per call
     budget = budget_for(direction, dtype, problem, loops)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops)
