@@ -28,34 +28,45 @@ TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": tor
 _ELEMENT_TYPES = {dt: name for name, dt in TORCH_DTYPES.items()}
 
 
+_MARSHAL: dict[int, tuple] = {}  # id(plan) -> (plan, rows, argument names): a plan's arguments read once
+
+
+def _marshal(plan: LaunchPlan) -> tuple:
+    """``(plan, ((name, is_scalar, element_type, optional), ...), frozenset of names)``, computed once per plan
+    (by identity, the plan kept alive beside it): every launch marshals its arguments from this table instead of
+    re-deriving each argument's role and element type (~20 us per launch in Python before)."""
+    hit = _MARSHAL.get(id(plan))
+    if hit is None or hit[0] is not plan:
+        rows = tuple((a.name, a.role == "scalar", a.element_type, a.optional) for a in plan.arguments)
+        hit = _MARSHAL[id(plan)] = (plan, rows, frozenset(a.name for a in plan.arguments))
+    return hit
+
+
 def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
     """``values`` (by argument name) as the plan's argument list, in order: a tensor as its device address, an
     optional pointer left out or None as 0 (a null pointer), a scalar as an int. A name the plan does not have,
     or a required argument left out, is a ValueError naming them; a tensor whose dtype is not the pointer's
     element type a TypeError (the kernel would read or write its bytes as another type)."""
-    args, found = [], 0
-    for a in plan.arguments:
-        v = values.get(a.name)
-        if a.name in values:
-            found += 1
+    _, rows, names = _marshal(plan)
+    args = []
+    for name, scalar, element_type, optional in rows:
+        v = values.get(name)
         if v is None:
-            if a.role == "scalar" or not a.optional:
-                missing = [b.name for b in plan.arguments
-                           if values.get(b.name) is None and (b.role == "scalar" or not b.optional)]
+            if scalar or not optional:
+                missing = [n for n, s, _, o in rows if values.get(n) is None and (s or not o)]
                 raise ValueError(f"{plan.kernel}: missing arguments {missing}")
             args.append(0)
-        elif a.role == "scalar":
+        elif scalar:
             args.append(int(v))
         elif isinstance(v, torch.Tensor):
-            if _ELEMENT_TYPES.get(v.dtype) != a.element_type:
-                raise TypeError(f"{plan.kernel}: argument {a.name} must be a {a.element_type} tensor ({a.ctype}), "
-                                f"got {v.dtype}")
+            if _ELEMENT_TYPES.get(v.dtype) != element_type:
+                raise TypeError(f"{plan.kernel}: argument {name} must be a {element_type} tensor "
+                                f"({next(a.ctype for a in plan.arguments if a.name == name)}), got {v.dtype}")
             args.append(v.data_ptr())
         else:
-            raise TypeError(f"{plan.kernel}: argument {a.name} must be a tensor, got {type(v).__name__}")
-    if found != len(values):
-        unknown = sorted(set(values) - {a.name for a in plan.arguments})
-        raise ValueError(f"{plan.kernel}: unknown arguments {unknown}")
+            raise TypeError(f"{plan.kernel}: argument {name} must be a tensor, got {type(v).__name__}")
+    if not names.issuperset(values):
+        raise ValueError(f"{plan.kernel}: unknown arguments {sorted(set(values) - names)}")
     return args
 
 
