@@ -96,6 +96,7 @@ def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
         gm = module_for(specs[name], "float32", "backward", "det")
         assert gm.spec.chunk_loops and gm.spec.budget == 16
         assert not module_for(specs[name], "float32", "forward", "det").spec.chunk_loops
+        assert not module_for(specs[name], "float32", "backward", "tp").spec.chunk_loops  # measured on convs only
     for name in ("nequip-benzene", "nequip-toluene", "nequip-oam-l"):  # 64 or fewer channels somewhere
         for direction, dtype in (("backward", "float32"), ("double_backward", "float64")):
             assert not chunk_loops_enabled(specs[name], direction, dtype)
