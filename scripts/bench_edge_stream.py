@@ -5,7 +5,7 @@ before the fused kernel exists, and gives the baseline the fused kernel must bea
 
 Models and graphs are bench_md's (MACE-MP-0-medium size, NequIP OAM-L size; diamond carbon, 6 A cutoff).
 Variants: ``unstreamed`` = ``accelerate(model, backend="cuda")``; ``stream-<K>`` = the same with
-``stream_edges=True`` and chunks of K edges ("auto": the default 2**24-element budget per chunk's W).
+``stream_edges=True`` and chunks of K edges ("auto": the default 2**26-element budget per chunk's W).
 
     py_mace   scripts/bench_edge_stream.py --framework mace   --sizes 5 10   # -> $OUT/edge_stream.mace.json
     py_nequip scripts/bench_edge_stream.py --framework nequip --sizes 5 10

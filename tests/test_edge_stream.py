@@ -184,7 +184,7 @@ def test_no_edges_x_weight_numel_tensor_is_allocated():
 
 
 def test_chunk_size_from_budget():
-    assert chunk_edges_for(2048) == (1 << 24) // 2048
+    assert chunk_edges_for(2048) == (1 << 26) // 2048
     assert chunk_edges_for(10 ** 9) == 1 and chunk_edges_for(40, budget_elements=400) == 10
 
 
