@@ -25,10 +25,11 @@ _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows bet
 # Chunk loops (codegen: KernelSpec.chunk_loops): a phase's code generated once for all 32-channel chunks of its
 # irreps, which the kernel visits as blocks along y, instead of unrolled per chunk. Smaller sources, shorter cold
 # compiles, a quarter of the live registers for 128 channels, but the edge's y and CG coefficients are redone
-# per chunk. Measured on an H100 (carbon-1k size, benchmarks/double_backward_sweep_notes.md): where every input
-# irrep has >= 128 channels (MACE's convolutions) they pay in the backward, fp32 (mace-medium 1.36 -> 1.09 ms,
-# mace-large 2.39 -> 1.99-2.06 at budget 16) and in the fp64 double backward (-5 % / -9 %); with 64 channels and
-# many paths they cost (nequip-benzene's double backward: +13 % fp32, 2.3x fp64). Elsewhere unmeasured: off.
+# per chunk. Measured on an H100 (benchmarks/double_backward_sweep_notes.md, carbon graphs, one run): where every
+# input irrep has >= 128 channels (MACE's convolutions) the fp32 backward at budget 16 runs 1.17x (mace-medium)
+# and 1.08x (mace-large) faster at 8000 atoms, even / 7 % slower at 1000; the fp64 double backward 7 % faster
+# (mace-large) / 2 % slower (mace-medium) at 1000. With 64 channels and many paths they cost (nequip-benzene's
+# double backward: +13 % fp32, 2.3x fp64). Elsewhere unmeasured: off.
 CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule below applies when it is off)
 # $MLIP_ACCEL_CHUNK_LOOPS: "1" every walk looped, "0" none (benchmarks' A/B of the rule), unset: the rule
 _ENV_LOOPS = {"1": True, "0": False}.get(os.environ.get("MLIP_ACCEL_CHUNK_LOOPS", ""))
