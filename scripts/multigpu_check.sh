@@ -7,7 +7,8 @@
 # --repeat N: training structures are fcc Cu cells of 4 N^3 atoms (default 3: 108 atoms; 6: 864 atoms, the
 # carbon-1k size of issue 17's throughput target). --model medium: MACE-MP-0-medium-size MACE, NequIP of 64
 # features (scripts/multigpu_train.py MACE_SIZES / NEQUIP_SIZES). MG_PLAIN=0 skips the plain-MACE control;
-# MG_WEAK=0 the runs where every rank takes the 1-GPU batch (throughput as a user adding a GPU sees it).
+# MG_WEAK=0 the runs where every rank takes the 1-GPU batch (throughput as a user adding a GPU sees it);
+# MG_SAME=0 the 2-GPU runs of the 1-GPU global batch (the 1-GPU runs stay: the weak rows compare with them).
 #
 # About 5 minutes on a fresh machine (call it with timeout_s 600): NVRTC compiles each model's kernels on
 # first use (the 1-GPU run fills the disk cache that the ranks then load). Stage limits in seconds:
@@ -40,6 +41,7 @@ export MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
 OUT=${OUT:-$PWD/multigpu_out}
 WORK=/tmp/multigpu_train  # bulky files (data, parameters, run dirs) stay here; $OUT gets a few small ones
 steps=6 only=all repeat=3 model=small
+same=$([[ ${MG_SAME:-1} == 0 ]] && echo --single-only)
 while [[ $# -gt 0 ]]; do
   case $1 in
     --steps) steps=$2; shift 2 ;;
@@ -92,7 +94,7 @@ if want nequip || want mace; then
     >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
   smi=$!
   if want nequip; then
-    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model" \
+    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model $same" \
       >>"$WORK/records/train.log" 2>&1
     stage "nequip-train ddp (1 vs 2 GPUs)" $?
     if [[ ${MG_WEAK:-1} == 1 ]]; then  # every rank the 1-GPU batch: the throughput a user adding a GPU gets
@@ -103,7 +105,7 @@ if want nequip || want mace; then
   fi
   if want mace; then
     # step 3 of every rank under torch.profiler ($WORK/mace_*_rank*_profile.txt, archived with the records)
-    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model" \
+    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model $same" \
       >>"$WORK/records/train.log" 2>&1
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
     if [[ ${MG_WEAK:-1} == 1 ]]; then

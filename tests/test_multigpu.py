@@ -482,8 +482,11 @@ def test_training_report_gives_per_rank_batch_runs_as_throughput_only(tmp_path):
     _write_records(tmp_path, "mace_weak_2", 2, [[3.0, 2.0], [1.0, 0.1]], [["x", "y"], ["x", "y"]])
     result = script.compare(tmp_path, "mace", 2, 1e-4, weak=True)
     assert result["ok"] and result["throughput_ratio"] == pytest.approx(2.0)
+    assert script.report(tmp_path, 2, 1e-4) == 0  # 1-GPU run kept for the weak rows only: no same-batch row
+    assert "| mace |" not in (tmp_path / "multigpu_train.md").read_text()
     _write_records(tmp_path, "mace_2", 2, [[0.9, 0.5], [1.1, 0.5]], [["a", "b"]] * 2)
     assert script.report(tmp_path, 2, 1e-4) == 0
+    assert "| mace |" in (tmp_path / "multigpu_train.md").read_text()
     table = (tmp_path / "multigpu_train.md").read_text()
     assert "| mace, 12 per rank | 2 | - | True | - |" in table
     _write_records(tmp_path, "mace_weak_2", 2, [[3.0, 2.0], [1.0, 0.1]], [["x", "y"], ["x", "z"]])
