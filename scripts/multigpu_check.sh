@@ -51,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "multigpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
+train_args="--steps $steps --repeat $repeat --model $model"  # every training run of this call
 want() { [[ $only == all || $only == "$1" || ($only == train && ($1 == nequip || $1 == mace)) ]]; }
 mkdir -p "$OUT" "$WORK/records"
 : >"$OUT/summary.txt"
@@ -94,28 +95,28 @@ if want nequip || want mace; then
     >"$OUT/nvidia_smi_apps.csv" 2>/dev/null &
   smi=$!
   if want nequip; then
-    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model $same" \
+    timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' $train_args $same" \
       >>"$WORK/records/train.log" 2>&1
     stage "nequip-train ddp (1 vs 2 GPUs)" $?
     if [[ ${MG_WEAK:-1} == 1 ]]; then  # every rank the 1-GPU batch: the throughput a user adding a GPU gets
-      timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' --steps $steps --repeat $repeat --model $model --weak" \
+      timeout "${MG_NEQUIP_TIMEOUT:-150}" bash -c "py_nequip scripts/multigpu_train.py nequip '$WORK' $train_args --weak" \
         >>"$WORK/records/train.log" 2>&1
       stage "nequip-train ddp, 1-GPU batch per rank" $?
     fi
   fi
   if want mace; then
     # step 3 of every rank under torch.profiler ($WORK/mace_*_rank*_profile.txt, archived with the records)
-    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model $same" \
+    timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' $train_args $same" \
       >>"$WORK/records/train.log" 2>&1
     stage "mlip-accel-mace-train --distributed (1 vs 2 GPUs)" $?
     if [[ ${MG_WEAK:-1} == 1 ]]; then
-      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model --weak" \
+      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "py_mace scripts/multigpu_train.py mace '$WORK' $train_args --weak" \
         >>"$WORK/records/train.log" 2>&1
       stage "mlip-accel-mace-train --distributed, 1-GPU batch per rank" $?
     fi
     # the control: MACE's own trainer, no mlip_accel (is the 2-GPU slowdown ours or MACE + DDP's?)
     if [[ ${MG_PLAIN:-1} == 1 ]]; then
-      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' --steps $steps --repeat $repeat --model $model --plain" \
+      timeout "${MG_MACE_TIMEOUT:-180}" bash -c "MG_PROFILE_STEP=3 py_mace scripts/multigpu_train.py mace '$WORK' $train_args --plain" \
         >>"$WORK/records/train.log" 2>&1
       stage "mace_run_train --distributed, plain MACE (1 vs 2 GPUs)" $?
     fi

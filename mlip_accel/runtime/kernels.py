@@ -20,9 +20,7 @@ def problem_key(problem: TPProblem) -> str:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True)) -> GeneratedModule:
-    # the measured rule for the convolution walks (a dict lookup and a min over a few irreps per call); the
-    # batched tensor product's walks were not measured looped: only an override or the global switch loops them
-    loops = chunk_loops_enabled(problem, direction, dtype) if variant != "tp" else chunk_loops_enabled()
+    loops = chunk_loops_enabled(problem, direction, dtype, variant)  # a dict lookup and a min over a few irreps
     budget = budget_for(direction, dtype, problem, loops)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops)

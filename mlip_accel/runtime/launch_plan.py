@@ -32,12 +32,12 @@ _MARSHAL: dict[int, tuple] = {}  # id(plan) -> (plan, rows, argument names): a p
 
 
 def _marshal(plan: LaunchPlan) -> tuple:
-    """``(plan, ((name, is_scalar, element_type, optional), ...), frozenset of names)``, computed once per plan
+    """``(plan, ((name, is_scalar, element_type, optional, ctype), ...), frozenset of names)``, computed once per plan
     (by identity, the plan kept alive beside it): every launch marshals its arguments from this table instead of
     re-deriving each argument's role and element type (~20 us per launch in Python before)."""
     hit = _MARSHAL.get(id(plan))
     if hit is None or hit[0] is not plan:
-        rows = tuple((a.name, a.role == "scalar", a.element_type, a.optional) for a in plan.arguments)
+        rows = tuple((a.name, a.role == "scalar", a.element_type, a.optional, a.ctype) for a in plan.arguments)
         hit = _MARSHAL[id(plan)] = (plan, rows, frozenset(a.name for a in plan.arguments))
     return hit
 
@@ -49,19 +49,19 @@ def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
     element type a TypeError (the kernel would read or write its bytes as another type)."""
     _, rows, names = _marshal(plan)
     args = []
-    for name, scalar, element_type, optional in rows:
+    for name, scalar, element_type, optional, ctype in rows:
         v = values.get(name)
         if v is None:
             if scalar or not optional:
-                missing = [n for n, s, _, o in rows if values.get(n) is None and (s or not o)]
+                missing = [n for n, s, _, o, _ in rows if values.get(n) is None and (s or not o)]
                 raise ValueError(f"{plan.kernel}: missing arguments {missing}")
             args.append(0)
         elif scalar:
             args.append(int(v))
         elif isinstance(v, torch.Tensor):
             if _ELEMENT_TYPES.get(v.dtype) != element_type:
-                raise TypeError(f"{plan.kernel}: argument {name} must be a {element_type} tensor "
-                                f"({next(a.ctype for a in plan.arguments if a.name == name)}), got {v.dtype}")
+                raise TypeError(f"{plan.kernel}: argument {name} must be a {element_type} tensor ({ctype}), "
+                                f"got {v.dtype}")
             args.append(v.data_ptr())
         else:
             raise TypeError(f"{plan.kernel}: argument {name} must be a tensor, got {type(v).__name__}")

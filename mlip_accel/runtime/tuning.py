@@ -39,18 +39,19 @@ LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unroll
 _CHUNK_LOOPS_OVERRIDE: list[bool] = []
 
 
-def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str | None = None) -> bool:
+def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str | None = None,
+                        variant: str = "det") -> bool:
     """Whether a walk is generated with chunk loops: a test or benchmark override, else ``$MLIP_ACCEL_CHUNK_LOOPS``
-    ("0" / "1"), else :data:`CHUNK_LOOPS`, else
-    the measured rule (:data:`LOOPS_PAY` for a problem whose every input irrep has at least
-    :data:`LOOPS_MIN_CHANNELS` channels)."""
+    ("0" / "1"), else :data:`CHUNK_LOOPS`, else the measured rule: :data:`LOOPS_PAY`, for a convolution walk
+    (the batched tensor product's, variant "tp", were not measured looped) of a problem whose every input irrep
+    has at least :data:`LOOPS_MIN_CHANNELS` channels."""
     if _CHUNK_LOOPS_OVERRIDE:
         return _CHUNK_LOOPS_OVERRIDE[-1]
     if _ENV_LOOPS is not None:
         return _ENV_LOOPS
     if CHUNK_LOOPS or problem is None:
         return CHUNK_LOOPS
-    return ((direction, dtype) in LOOPS_PAY and bool(problem.irreps_in1)
+    return (variant != "tp" and (direction, dtype) in LOOPS_PAY and bool(problem.irreps_in1)
             and min(mul for mul, _, _ in problem.irreps_in1) >= LOOPS_MIN_CHANNELS)
 
 
