@@ -199,6 +199,21 @@ def test_silu_kernels_compile_with_nvrtc(dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ls, normalize, normalization", [((0, 1, 2, 3), True, "component"),
+                                                          ((0, 1, 2, 3, 4), False, "integral"), ((1, 2), True, "norm")])
+def test_spherical_harmonics_kernels_compile_with_nvrtc(dtype, arch, ls, normalize, normalization):
+    from mlip_accel.codegen.spherical_harmonics import sh_program
+    from mlip_accel.problem.spherical_harmonics import SHProblem
+
+    program = sh_program(SHProblem(ls, normalize, normalization), dtype)
+    for plan in program.plans:
+        size, error = _compile((program.source, arch, plan.kernel))
+        assert error is None, error
+        assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_md_update_kernels_compile_with_nvrtc(arch):
     from mlip_accel.codegen.md_update import KERNELS, md_update_program
 

@@ -1,4 +1,5 @@
 """nn.Modules over the custom ops."""
+from .spherical_harmonics import SphericalHarmonics
 from .tensor_product import TensorProduct, TensorProductConv, TensorSquare
 
-__all__ = ["TensorProduct", "TensorProductConv", "TensorSquare"]
+__all__ = ["SphericalHarmonics", "TensorProduct", "TensorProductConv", "TensorSquare"]

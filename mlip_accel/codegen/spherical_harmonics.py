@@ -1,0 +1,118 @@
+"""CUDA source and launch plans of the spherical harmonics of edge vectors (templates/spherical_harmonics.cu):
+plain data in (an :class:`~mlip_accel.problem.spherical_harmonics.SHProblem` and a dtype), text out, no GPU. One
+program per problem and dtype, two kernels:
+
+    forward   out[n, DIM] = Y(u)                      u = r / max(|r|, eps), or r
+    backward  grad_vectors[n, 3] = (dY/dr)^T grad_out
+
+Each output column is a sum of monomials of u with exact (hex) coefficients; the backward differentiates the
+monomials (problem.spherical_harmonics.derivative). The second derivative (force training) is not a kernel: the
+op differentiates its torch formulas then (ops.spherical_harmonics).
+"""
+from __future__ import annotations
+
+import functools
+
+from ..problem.spherical_harmonics import NORMALIZE_EPS, SHProblem, derivative, polynomials
+from .emit import template
+from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
+from .literals import hex_literal
+from .sequence import Program
+
+FAMILY = "spherical_harmonics"
+DTYPES = ("float32", "float64")
+BLOCK_THREADS = 128
+_SUFFIX = {"float32": "f32", "float64": "f64"}
+_SQRT = {"float32": "sqrtf", "float64": "sqrt"}
+_AXES = "xyz"
+
+
+def _kernel_name(problem: SHProblem, dtype: str, what: str) -> str:
+    ls = "".join(str(l) for l in problem.ls)
+    norm = ("n" if problem.normalize else "r") + problem.normalization[0]
+    return f"mla_sh_{what}_{ls}_{norm}_{_SUFFIX[dtype]}"
+
+
+def _plans(problem: SHProblem, dtype: str) -> tuple[LaunchPlan, LaunchPlan]:
+    t = POINTER_TYPES[dtype]
+    grid = GridRule(items="n", threads_per_item=1, block_threads=BLOCK_THREADS)
+    tuning = (("block_threads", BLOCK_THREADS),)
+    vectors = Argument("vectors", f"const {t}*", "input", "[n, 3] row-major")
+    n = Argument("n", "long long", "scalar")
+    forward = LaunchPlan(FAMILY, _kernel_name(problem, dtype, "fwd"),
+                         (vectors, Argument("out", f"{t}*", "output", f"[n, {problem.dim}] row-major"), n),
+                         grid, tuning=tuning)
+    backward = LaunchPlan(FAMILY, _kernel_name(problem, dtype, "bwd"),
+                          (vectors, Argument("grad_out", f"const {t}*", "input", f"[n, {problem.dim}] row-major"),
+                           Argument("grad_vectors", f"{t}*", "output", "[n, 3] row-major"), n), grid, tuning=tuning)
+    return forward, backward
+
+
+def _monomial(powers) -> str:
+    factors = [f"{_AXES[i]}{p}" if p > 1 else _AXES[i] for i, p in enumerate(powers) if p]
+    return " * ".join(factors)
+
+
+def _polynomial(terms, dtype: str, factor: float = 1.0) -> str:
+    parts = []
+    for powers, c in terms:
+        lit = hex_literal(c * factor, dtype)
+        mono = _monomial(powers)
+        parts.append(f"{lit} * {mono}" if mono else lit)
+    return " + ".join(parts) if parts else hex_literal(0.0, dtype)
+
+
+def _powers(problem: SHProblem) -> list[str]:
+    """``x2 = x * x`` .. the powers of u the polynomials (and their derivatives) read."""
+    lines = []
+    for axis in _AXES:
+        for p in range(2, problem.lmax + 1):
+            prev = axis if p == 2 else f"{axis}{p - 1}"
+            lines.append(f"  const T {axis}{p} = {prev} * {axis};")
+    return lines
+
+
+def _normalize(problem: SHProblem, dtype: str) -> str:
+    if not problem.normalize:
+        return "  // normalize=False: the polynomials of r itself"
+    eps = hex_literal(NORMALIZE_EPS, dtype)
+    return (f"  const T nrm = {_SQRT[dtype]}(x * x + y * y + z * z);\n"
+            f"  const T den = nrm >= {eps} ? nrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)\n"
+            "  x = x / den; y = y / den; z = z / den;")
+
+
+def _normalize_backward(problem: SHProblem) -> str:
+    if not problem.normalize:
+        return ""
+    return ("  if (nrm >= den) {  // the norm is the denominator: project out the radial part\n"
+            "    const T dot = gx * x + gy * y + gz * z;\n"
+            "    gx = (gx - dot * x) / nrm; gy = (gy - dot * y) / nrm; gz = (gz - dot * z) / nrm;\n"
+            "  } else {  // |r| < eps: u = r / eps\n"
+            "    gx = gx / den; gy = gy / den; gz = gz / den;\n"
+            "  }")
+
+
+@functools.lru_cache(maxsize=None)
+def sh_program(problem: SHProblem, dtype: str) -> Program:
+    """The program of one problem and dtype: plans ``(forward, backward)``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    forward, backward = _plans(problem, dtype)
+    values, gradients = [], []
+    for k, (l, m, scale) in enumerate(problem.components()):
+        terms = polynomials(l)[m]
+        values.append(f"  o[{k}] = {_polynomial(terms, dtype, scale)};  // l={l} m={m}")
+        if l == 0:
+            continue  # a constant: no derivative
+        g = f"g[{k}]"
+        for axis in range(3):
+            d = derivative(terms, axis)
+            if d:
+                gradients.append(f"  g{_AXES[axis]} += {g} * ({_polynomial(d, dtype, scale)});")
+    source = template("spherical_harmonics.cu").substitute(
+        dtype=dtype, problem=problem.describe(), prelude=template("prelude.cuh").substitute(scalar=POINTER_TYPES[dtype]),
+        dim=problem.dim, block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,
+        forward_parameters=forward.parameters(), backward_parameters=backward.parameters(),
+        normalize=_normalize(problem, dtype), powers="\n".join(_powers(problem)), values="\n".join(values),
+        gradients="\n".join(gradients), normalize_backward=_normalize_backward(problem))
+    return Program(forward.kernel.replace("_fwd", ""), source, (forward, backward))
