@@ -9,6 +9,8 @@ same with the previous call's neighbour tensors (so any per-edge-list cache hits
 torch.profiler, the operations by GPU time, into ``--out``.
 
     python scripts/profile_md_evaluator.py --cells 10 --out DIR
+    python scripts/profile_md_evaluator.py --cells 10 --shapes --out DIR   # + the model's operations by input
+                                                                           # shape and by Python stack
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=10)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--shapes", action="store_true",
+                        help="also profile the model with shapes and stacks (where the glue operations come from)")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     graph = build_graph(f"carbon-{args.cells}c", device=device)
@@ -77,6 +81,17 @@ def main(argv=None) -> None:
         lines += ["", f"## {name}: operations by GPU time", "", "```",
                   prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60),
                   "```"]
+    if args.shapes:
+        synchronize(device)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True,
+                     with_stack=True) as prof:
+            calls["model"]()
+            synchronize(device)
+        for title, averages in (("input shape", prof.key_averages(group_by_input_shape=True)),
+                                ("Python stack (5 frames)", prof.key_averages(group_by_stack_n=5))):
+            lines += ["", f"## model: operations by GPU time and {title}", "", "```",
+                      averages.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=50,
+                                     max_shapes_column_width=60), "```"]
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, f"profile_md_evaluator_{args.cells}c.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

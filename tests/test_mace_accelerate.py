@@ -311,3 +311,23 @@ def test_frozen_parameters_forces_skip_first_layer_grad_x(structures, monkeypatc
     n = len(_convs(model))
     assert n >= 2 and asked[::-1] == [(False, True, True)] + [(True, True, True)] * (n - 1), asked
     assert_close(out, evaluate(plain, batch), TOLERANCE[str(batch["positions"].dtype).removeprefix("torch.")])
+
+
+def test_spherical_harmonics_swapped_checked_and_restored(structures, monkeypatch):
+    from mlip_accel.patches.harmonics import AcceleratedSphericalHarmonics
+
+    plain, fast = _accelerated_pair()
+    assert isinstance(fast.spherical_harmonics, AcceleratedSphericalHarmonics)
+    assert type(fast.spherical_harmonics.original) is type(plain.spherical_harmonics)
+    assert fast.spherical_harmonics.irreps_out == plain.spherical_harmonics.irreps_out
+    batch = batch_for(plain, structures)
+    assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
+    mace_patch.restore(fast)
+    assert type(fast.spherical_harmonics) is type(plain.spherical_harmonics)
+    # a wrong harmonics module is caught by the parity probe, and the model is left as it was
+    forward = AcceleratedSphericalHarmonics.forward
+    monkeypatch.setattr(AcceleratedSphericalHarmonics, "forward", lambda self, v: 1.01 * forward(self, v))
+    model = tiny_model()
+    with pytest.raises(ParityCheckFailed):
+        mlip_accel.accelerate(model, backend="reference")
+    assert _unchanged(model) and not isinstance(model.spherical_harmonics, AcceleratedSphericalHarmonics)

@@ -263,3 +263,28 @@ def test_bad_options_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         mlip_accel.accelerate(model, **kwargs)
     assert all(type(m).__name__ == "TensorProductScatter" for m in F.tensor_product_scatters(model))
+
+
+def test_spherical_harmonics_swapped_in_accelerate_and_the_modifier_and_checked(structures, monkeypatch):
+    from mlip_accel.patches import harmonics
+    from mlip_accel.patches.harmonics import AcceleratedSphericalHarmonics
+    from mlip_accel.patches.nequip.modifier import enable
+
+    def spherical(m):
+        return [c for c in m.modules() if harmonics.is_e3nn_harmonics(c) or isinstance(c, AcceleratedSphericalHarmonics)]
+
+    model = F.tiny_model()
+    want = F.evaluate(model, structures)
+    fast = _accelerated_copy(model, backend="reference")
+    assert spherical(fast) and all(isinstance(c, AcceleratedSphericalHarmonics) for c in spherical(fast))
+    assert list(fast.state_dict()) == list(model.state_dict())
+    F.assert_same_outputs(F.evaluate(fast, structures), want, "float64")
+    trained = enable(copy.deepcopy(model), backend="reference")  # nequip-train's modifier swaps them too
+    assert all(isinstance(c, AcceleratedSphericalHarmonics) for c in spherical(trained))
+    # a wrong harmonics module is caught by the model-level check, and everything is put back
+    forward = AcceleratedSphericalHarmonics.forward
+    monkeypatch.setattr(AcceleratedSphericalHarmonics, "forward", lambda self, v: 1.01 * forward(self, v))
+    with pytest.raises(mlip_accel.ParityCheckFailed):
+        mlip_accel.accelerate(model, backend="reference")
+    assert all(harmonics.is_e3nn_harmonics(c) for c in spherical(model))
+    assert all(type(m).__name__ == "TensorProductScatter" for m in F.tensor_product_scatters(model))

@@ -29,12 +29,16 @@ def check_supported(model) -> None:
 def enable(model, deterministic: bool = True, backend: str = "auto"):
     """Replace every TensorProductScatter of ``model`` with the fused convolution, in place (no parity probe:
     nequip-train builds the model fresh, and the tests check the modifier's outputs)."""
+    from .. import harmonics
     from .tp_scatter import apply, plan_swaps
 
     check_supported(model)
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
     apply(swaps)
+    spherical = harmonics.replacements(model, backend)  # the edges' spherical harmonics: two kernels
+    harmonics.apply(spherical)
     # a visible line in nequip-train's log: the acceleration is on (or was already)
     logger.info(f"{MODIFIER_NAME}: {len(swaps)} TensorProductScatter layer(s) switched to mlip_accel's fused "
-                f"convolution (deterministic={deterministic}, backend={backend!r})")
+                f"convolution (deterministic={deterministic}, backend={backend!r}); {len(spherical)} "
+                "SphericalHarmonics to its kernels")
     return model
