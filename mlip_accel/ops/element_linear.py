@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import backends
-from .symmetric_contraction import _weights_wanted
+from .gradients import wanted
 
 CHUNK = 1024  # nodes per gathered chunk: CHUNK x U x V scratch (64 MiB at 128 x 128 in fp32)
 
@@ -75,7 +75,7 @@ class _ElementLinear(torch.autograd.Function):
         gx = (_ElementLinear.apply(grad, elements, weight.transpose(1, 2), ctx.kernel)
               if ctx.needs_input_grad[0] else None)
         gw = (_ElementWeightGrad.apply(x, elements, grad, weight.shape[0], ctx.kernel)
-              if _weights_wanted(ctx, weight) else None)
+              if wanted(ctx, 2, weight) else None)
         return gx, None, gw, None
 
 

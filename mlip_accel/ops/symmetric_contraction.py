@@ -16,6 +16,7 @@ from torch import Tensor
 from ..problem import get_problem
 from ..reference import symmetric_contraction as reference
 from . import backends
+from .gradients import wanted
 
 NS = "mlip_accel"
 
@@ -94,20 +95,6 @@ symcon_backward.register_autograd(_backward_bwd, setup_context=_backward_setup)
 # per block at 1000 and at 8000 nodes). Outside torch.compile the ops' implementations are called through
 # these Functions instead; under torch.compile the custom ops above are used (they trace).
 
-def _weights_wanted(ctx, weights: Tensor) -> bool:
-    """Whether this backward pass uses the weights' gradient. ``needs_input_grad`` only says the weights
-    require grad; forces (``autograd.grad(energy, positions)``) with trainable parameters, as in MD with a model
-    fresh from training, do not use it, and the autograd engine knows: the weight pass is skipped then."""
-    if not ctx.needs_input_grad[2]:
-        return False
-    if torch.compiler.is_compiling():  # a traced backward serves every later pass: it cannot ask
-        return True
-    try:
-        return bool(torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(weights).node))
-    except (AttributeError, RuntimeError):  # a torch without the query: compute it, as the custom op does
-        return True
-
-
 class _Forward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, elements, weights, problem):
@@ -118,7 +105,7 @@ class _Forward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, elements, weights = ctx.saved_tensors
-        need = _weights_wanted(ctx, weights)
+        need = wanted(ctx, 2, weights)
         gx, gw = _Backward.apply(x, elements, weights, grad_out.contiguous(), need, ctx.problem)
         return gx, None, (gw if need else None), None
 

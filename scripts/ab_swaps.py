@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""A/B of the spherical-harmonics kernels in one process: the accelerated model's MD step (energy + forces,
-StepEvaluator on device tensors, neighbour list prebuilt, as bench_md_sweep's step columns) with the harmonics
-on their kernels (``on``), with e3nn's module put back (``off``: ``patches.harmonics.restore``), and on again
-(``on2``: drift check), eager and with CUDA graphs (up to --graph-max-atoms), plus the CUDA kernels one eager
-step launches (torch profiler) and the force difference on/off.
+"""A/B of accelerate()'s module swaps in one process: the accelerated model's MD step (energy + forces,
+StepEvaluator on device tensors, neighbour list prebuilt, as bench_md_sweep's step columns) with the swapped
+modules (``on``), with e3nn's modules put back (``off``: ``patches.<what>.restore``), and on again (``on2``: drift
+check), eager and with CUDA graphs (up to --graph-max-atoms), plus the CUDA kernels one eager step launches (torch
+profiler) and the force difference on/off. ``--what``: ``harmonics`` (the spherical-harmonics kernels),
+``linears`` (IrrepsLinear for e3nn's Linear), ``both``.
 
-    py_mace   scripts/ab_harmonics.py --framework mace   --out $OUT
-    py_nequip scripts/ab_harmonics.py --framework nequip --out $OUT
+    py_mace   scripts/ab_swaps.py --framework mace   --what both --out $OUT
+    py_nequip scripts/ab_swaps.py --framework nequip --what both --out $OUT
 """
 from __future__ import annotations
 
@@ -42,10 +43,11 @@ def main(argv=None) -> None:
 
     from mlip_accel.integrations.cuda_graphs import StepEvaluator
     from mlip_accel.integrations.potentials import potential_from_model
-    from mlip_accel.patches import harmonics
+    from mlip_accel.patches import harmonics, linears
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--framework", choices=("mace", "nequip"), required=True)
+    parser.add_argument("--what", choices=("harmonics", "linears", "both"), default="both")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--sizes", type=int, nargs="*", default=[3, 5, 10], help="diamond cells per axis (+ cluster)")
     parser.add_argument("--graph-max-atoms", type=int, default=1000)
@@ -70,16 +72,18 @@ def main(argv=None) -> None:
         forces = {}
         for mode in modes:
             for state in ("on", "off", "on2"):
-                if state == "off":
-                    harmonics.restore(potential.model)
-                else:
-                    harmonics.apply(harmonics.replacements(potential.model))
+                swaps = {"harmonics": [harmonics], "linears": [linears], "both": [harmonics, linears]}[args.what]
+                for swap in swaps:
+                    if state == "off":
+                        swap.restore(potential.model)
+                    else:
+                        swap.apply(swap.replacements(potential.model))
                 evaluate = StepEvaluator(potential, cuda_graphs=mode == "graphs", pad_edges=None if mode == "graphs"
                                          else False)
                 call = lambda: evaluate(pos_t, cell_t, pbc, types, neighbors)["forces"]  # noqa: E731
                 times = wall_times(call, device, min_reps=5, max_reps=200, min_seconds=1.0, warmup=5)
                 row = dict(framework=args.framework, dtype=args.dtype, graph=name, atoms=atoms, edges=edges, mode=mode,
-                           harmonics=state, ms=1000 * statistics.median(times), reps=len(times))
+                           what=args.what, state=state, ms=1000 * statistics.median(times), reps=len(times))
                 if mode == "eager":
                     row["kernels"] = kernels_per_call(call, device)
                     forces[state] = call().detach().double()
@@ -90,15 +94,15 @@ def main(argv=None) -> None:
         rows.append(dict(framework=args.framework, graph=name, force_rel_diff_on_off=diff))
         print(json.dumps(rows[-1]), flush=True)
     os.makedirs(args.out, exist_ok=True)
-    tag = f"ab_harmonics_{args.framework}_{args.dtype}"
+    tag = f"ab_{args.what}_{args.framework}_{args.dtype}"
     with open(os.path.join(args.out, tag + ".json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
-    lines = [f"# Spherical harmonics kernels A/B: {args.framework}, {args.dtype}, {torch.cuda.get_device_name()}", "",
+    lines = [f"# A/B of the {args.what} swap: {args.framework}, {args.dtype}, {torch.cuda.get_device_name()}", "",
              "| graph | atoms | mode | on ms | off ms | on2 ms | off / on | kernels on / off |", "|---|---|---|---|---|---|---|---|"]
     timed = [r for r in rows if "ms" in r]
     for name in dict.fromkeys(r["graph"] for r in timed):
         for mode in ("eager", "graphs"):
-            got = {r["harmonics"]: r for r in timed if r["graph"] == name and r["mode"] == mode}
+            got = {r["state"]: r for r in timed if r["graph"] == name and r["mode"] == mode}
             if not got:
                 continue
             on, off, on2 = got["on"], got["off"], got["on2"]

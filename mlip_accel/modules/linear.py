@@ -1,0 +1,44 @@
+"""``IrrepsLinear``: e3nn's ``o3.Linear`` (shared internal weights, no biases) over ops.linear: the same function in
+fewer launches, the same parameters (the e3nn module's own ``weight``, ``bias`` and ``output_mask`` tensors, so
+``state_dict`` keys and values are unchanged)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..ops.linear import linear
+from ..problem.linear import LinearProblem, from_e3nn
+from . import e3nn_api
+
+
+class IrrepsLinear(nn.Module):
+    """Drop-in for e3nn's ``Linear`` module ``original`` (see problem.linear.unsupported_reason for which)."""
+
+    def __init__(self, original: nn.Module):
+        super().__init__()
+        self.problem: LinearProblem = from_e3nn(original)
+        self.weight = original.weight  # the same Parameter: training updates both
+        for name, buffer in original.named_buffers(recurse=False):  # e3nn's (empty) bias and output_mask
+            self.register_buffer(name, buffer)
+        scale = torch.zeros(original.weight.numel(), dtype=original.weight.dtype)
+        for ins in self.problem.instructions:
+            scale[ins.offset:ins.offset + ins.mul_in * ins.mul_out] = ins.path_weight
+        self.register_buffer("scale", scale.to(original.weight.device), persistent=False)
+        self.irreps_in, self.irreps_out = original.irreps_in, original.irreps_out
+        self._original = (original,)  # outside the module tree: the probe and restore() put it back
+
+    @property
+    def original(self) -> nn.Module:
+        return self._original[0]
+
+    def forward(self, features: torch.Tensor, weight: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        if weight is not None or bias is not None:  # weights given at call time: e3nn's own module
+            return self.original(features, weight, bias)
+        return linear(features, self.weight, self.scale, self.problem)
+
+    def extra_repr(self) -> str:
+        return f"{self.irreps_in} -> {self.irreps_out}, {len(self.problem.instructions)} instructions"
+
+    def __prepare_scriptable__(self):  # torch.jit.script calls this first, on every submodule
+        raise NotImplementedError(e3nn_api.SCRIPT_MESSAGE)

@@ -1,0 +1,138 @@
+"""e3nn's ``Linear`` in fewer launches (problem/ops/modules ``linear``, patches.linears): equal to e3nn's module
+(whichever e3nn this environment has) with its first and second derivatives, gradcheck/gradgradcheck, the same
+parameters and state_dict, no per-block fill-and-add in the backward, the settings it does not describe left to
+e3nn, and the swap in both frameworks' accelerate()."""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mlip_accel.modules.linear import IrrepsLinear
+from mlip_accel.ops import linear as ops
+from mlip_accel.patches import linears
+from mlip_accel.problem.e3nn_compat import o3
+from mlip_accel.problem.linear import from_e3nn, unsupported_reason
+from mlip_accel.testing import rel_err
+
+PAIRS = [("8x0e+8x1o+4x2e+3x1o", "4x0e+8x1o+3x3o+2x2e"),  # an output without instruction, a repeated irrep
+         ("16x0e", "5x0e"),  # one block: scalars only
+         ("128x0e+128x1o+128x2e+128x3o", "128x0e+128x1o+128x2e+128x3o"),  # MACE's linear_up (max_ell 3)
+         ("3x0e+2x1o+3x1o+1x2e", "4x1o+2x0e")]
+
+
+def _pair(irreps_in, irreps_out, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    with torch.random.fork_rng():
+        plain = o3().Linear(irreps_in, irreps_out).to(dtype)
+    return plain, IrrepsLinear(plain)
+
+
+@pytest.mark.parametrize("irreps_in, irreps_out", PAIRS)
+def test_equals_e3nn_with_first_and_second_derivatives(irreps_in, irreps_out):
+    plain, fast = _pair(irreps_in, irreps_out)
+    x = torch.randn(2, 7, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)  # batch dimensions
+    want, got = plain(x), fast(x)
+    assert got.shape == want.shape and rel_err(got, want) <= 1e-14
+    g = torch.randn_like(want)
+    gw = torch.autograd.grad(want, (x, plain.weight), g, create_graph=True)
+    gf = torch.autograd.grad(got, (x, fast.weight), g, create_graph=True)
+    assert all(rel_err(a, b) <= 1e-14 for a, b in zip(gf, gw))
+    h, k = torch.randn_like(x), torch.randn_like(plain.weight)
+    second_want = torch.autograd.grad((gw[0] * h).sum() + (gw[1] * k).sum(), (x, plain.weight), allow_unused=True,
+                                      materialize_grads=True)
+    second = torch.autograd.grad((gf[0] * h).sum() + (gf[1] * k).sum(), (x, fast.weight), allow_unused=True,
+                                 materialize_grads=True)
+    assert all(rel_err(a, b) <= 1e-13 for a, b in zip(second, second_want))
+
+
+def test_gradcheck_and_gradgradcheck():
+    plain, fast = _pair(*PAIRS[3])
+    x = torch.randn(3, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)
+    w = plain.weight.detach().clone().requires_grad_()
+    fn = lambda a, b: ops.linear(a, b, fast.scale, fast.problem)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w)) and torch.autograd.gradgradcheck(fn, (x, w))
+
+
+def test_same_parameters_and_state_dict_and_pickles():
+    plain, fast = _pair(*PAIRS[0])
+    assert fast.weight is plain.weight and list(fast.state_dict()) == list(plain.state_dict())
+    assert all(torch.equal(fast.state_dict()[k], v) for k, v in plain.state_dict().items())
+    with torch.no_grad():
+        fast.weight.mul_(2)  # an optimizer step on one is a step on the other
+    x = torch.randn(5, plain.irreps_in.dim, dtype=torch.float64)
+    assert rel_err(fast(x), plain(x)) <= 1e-14
+    buffer = io.BytesIO()
+    torch.save(fast, buffer)
+    loaded = torch.load(io.BytesIO(buffer.getvalue()), weights_only=False)
+    assert torch.equal(loaded(x), fast(x)) and torch.equal(copy.deepcopy(fast)(x), fast(x))
+    assert fast.to(torch.float32).scale.dtype == torch.float32  # the path weights follow the model's dtype
+    fast.double()
+    w = 3 * plain.weight.detach()  # weights at call time: e3nn's module runs
+    assert torch.equal(fast(x, weight=w), plain(x, weight=w))
+
+
+def test_backward_has_no_per_block_fill_and_add():
+    plain, fast = _pair(*PAIRS[2])
+    x = torch.randn(6, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)
+
+    def ops_of(module):
+        y = module(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            torch.autograd.grad(y, x, torch.ones_like(y))
+        return [e.name for e in prof.events()]
+
+    fast_ops, plain_ops = ops_of(fast), ops_of(plain)
+    zeros = ("aten::zeros", "aten::zero_", "aten::slice_backward")
+    assert sum(plain_ops.count(z) for z in zeros) >= 8  # e3nn: a zero-filled full-width gradient per input block
+    assert sum(fast_ops.count(z) for z in zeros) == 0 and fast_ops.count("aten::add_") == 0
+    assert fast_ops.count("aten::cat") == 1  # the input gradient's blocks joined once
+    # forces: the weights' gradient is not computed (the engine will not use it): one product per instruction
+    assert fast_ops.count("aten::bmm") + fast_ops.count("aten::mm") == len(fast.problem.instructions)
+
+
+def test_settings_it_does_not_describe_stay_with_e3nn():
+    Linear = o3().Linear
+    cases = {"biases": Linear("4x0e+2x1o", "3x0e+2x1o", biases=True),
+             "internal_weights": Linear("4x0e", "3x0e", internal_weights=False, shared_weights=False)}
+    for what, module in cases.items():
+        assert unsupported_reason(module) is not None, what
+        with pytest.raises(ValueError):
+            from_e3nn(module)
+        holder = torch.nn.Sequential(module)
+        assert linears.replacements(holder) == []
+    holder = torch.nn.Sequential(Linear("4x0e", "3x0e"), cases["biases"])
+    reps = linears.replacements(holder)
+    assert [r.name for r in reps] == ["0"]
+    linears.apply(reps)
+    assert isinstance(holder[0], IrrepsLinear) and not isinstance(holder[1], IrrepsLinear)
+    with linears.plain(holder):
+        assert not isinstance(holder[0], IrrepsLinear)
+    linears.restore(holder)
+    assert linears.is_e3nn_linear(holder[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_gpu_equals_e3nn_without_node_sized_weight_copies(dtype):
+    plain, fast = _pair(*PAIRS[2], dtype=dtype)
+    plain.cuda()
+    fast.cuda()
+    x = torch.randn(50000, plain.irreps_in.dim, dtype=dtype, device="cuda", requires_grad=True)
+    g = torch.randn(50000, plain.irreps_out.dim, dtype=dtype, device="cuda")
+    want = plain(x)
+    (gx_want,) = torch.autograd.grad(want, x, g)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = fast(x)
+    (gx,) = torch.autograd.grad(got, x, g)
+    torch.cuda.synchronize()
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    assert rel_err(got, want) <= tol and rel_err(gx, gx_want) <= tol
+    # the weight matrix is broadcast over the nodes (a stride-0 batch), never copied per node:
+    # one such copy would be 50000 x 128 x 128 elements, 6.4x the features
+    assert torch.cuda.max_memory_allocated() - before <= 4 * x.numel() * x.element_size()
