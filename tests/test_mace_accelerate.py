@@ -322,6 +322,7 @@ def test_spherical_harmonics_swapped_checked_and_restored(structures, monkeypatc
     assert isinstance(fast.spherical_harmonics, AcceleratedSphericalHarmonics)
     assert type(fast.spherical_harmonics.original) is type(plain.spherical_harmonics)
     assert fast.spherical_harmonics.irreps_out == plain.spherical_harmonics.irreps_out
+    assert fast.spherical_harmonics._lmax == plain.spherical_harmonics._lmax  # MACE's config export reads it
     batch = batch_for(plain, structures)
     assert_close(evaluate(fast, batch), evaluate(plain, batch), TOLERANCE["float64"])
     mace_patch.restore(fast)

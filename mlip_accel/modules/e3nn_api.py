@@ -112,3 +112,18 @@ def weight_views(problem: TPProblem, weight: torch.Tensor, yield_instruction: bo
 SCRIPT_MESSAGE = ("mlip_accel's tensor products do not support TorchScript (torch.jit.script): their kernels are "
                   "torch.library custom ops chosen at run time. Use torch.compile instead (or run in eager "
                   "mode); to write a TorchScript file, script the model as it was before mlip_accel.accelerate.")
+
+
+class ReadsLikeOriginal:
+    """Mixin for a module standing in for an e3nn module held as ``self._original = (module,)``: attributes it does
+    not have are read from the e3nn module (frameworks read e3nn internals: MACE's model-config export reads
+    ``spherical_harmonics._lmax``), so it is a drop-in for readers too."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original")
+            if original is None or name.startswith("__"):
+                raise
+            return getattr(original[0], name)

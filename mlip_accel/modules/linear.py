@@ -11,8 +11,9 @@ from ..problem.linear import LinearProblem, from_e3nn
 from . import e3nn_api
 
 
-class IrrepsLinear(nn.Module):
-    """Drop-in for e3nn's ``Linear`` module ``original`` (see problem.linear.unsupported_reason for which)."""
+class IrrepsLinear(e3nn_api.ReadsLikeOriginal, nn.Module):
+    """Drop-in for e3nn's ``Linear`` module ``original`` (see problem.linear.unsupported_reason for which); its
+    other attributes (``instructions``, ``weight_numel``, ...) read from it."""
 
     def __init__(self, original: nn.Module):
         super().__init__()

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import torch
 
+from ..modules.e3nn_api import ReadsLikeOriginal
 from ..modules.spherical_harmonics import SphericalHarmonics
 from ..problem.spherical_harmonics import unsupported_reason
 from . import submodules
 from .submodules import apply, undo  # noqa: F401  (the adapters apply and undo through this module)
 
 
-class AcceleratedSphericalHarmonics(SphericalHarmonics):
-    """e3nn's ``SphericalHarmonics`` module ``original`` on the fused kernels."""
+class AcceleratedSphericalHarmonics(ReadsLikeOriginal, SphericalHarmonics):
+    """e3nn's ``SphericalHarmonics`` module ``original`` on the fused kernels (its other attributes, e.g. ``_lmax``,
+    read from it)."""
 
     def __init__(self, original: torch.nn.Module, backend: str = "auto"):
         super().__init__(list(original._ls_list), original.normalize, original.normalization, backend)
