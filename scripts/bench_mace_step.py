@@ -236,6 +236,10 @@ def run(args) -> dict:
             head = {"impl": impl, "dtype": dtype_name}
             try:
                 model = bench_md.variant("mace", impl, base, device)  # CPU: mlip_accel's reference backend
+                if impl == "mlip_accel" and args.e3nn_modules:  # the A/B of those swaps: e3nn's own modules back
+                    from mlip_accel.patches import harmonics, linears
+                    harmonics.restore(model)
+                    linears.restore(model)
                 potential = potential_from_model(model, device=device)
             except Exception as err:  # a peer missing or failing to convert: recorded, the run goes on
                 reason = str(err) if isinstance(err, bench_md.Unavailable) else f"{type(err).__name__}: {err}"
@@ -374,6 +378,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=DTYPES)
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--e3nn-modules", action="store_true",
+                        help="mlip_accel with e3nn's SphericalHarmonics and Linear modules put back (A/B of those swaps)")
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--max-reps", type=int, default=20)
     parser.add_argument("--host", action="store_true",
