@@ -4,10 +4,11 @@ StepEvaluator on device tensors, neighbour list prebuilt, as bench_md_sweep's st
 modules (``on``), with e3nn's modules put back (``off``: ``patches.<what>.restore``), and on again (``on2``: drift
 check), eager and with CUDA graphs (up to --graph-max-atoms), plus the CUDA kernels one eager step launches (torch
 profiler) and the force difference on/off. ``--what``: ``harmonics`` (the spherical-harmonics kernels),
-``linears`` (IrrepsLinear for e3nn's Linear), ``both``.
+``linears`` (IrrepsLinear for e3nn's Linear), ``gates`` (GateLayer for e3nn's Gate), ``both`` (harmonics and
+linears), ``all`` (every leaf swap: patches.leaf_swaps).
 
-    py_mace   scripts/ab_swaps.py --framework mace   --what both --out $OUT
-    py_nequip scripts/ab_swaps.py --framework nequip --what both --out $OUT
+    py_mace   scripts/ab_swaps.py --framework mace   --what all --out $OUT
+    py_nequip scripts/ab_swaps.py --framework nequip --what gates --out $OUT
 """
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ def main(argv=None) -> None:
 
     from mlip_accel.integrations.cuda_graphs import StepEvaluator
     from mlip_accel.integrations.potentials import potential_from_model
-    from mlip_accel.patches import harmonics, linears
+    from mlip_accel.patches import gates, harmonics, leaf_swaps, linears
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--framework", choices=("mace", "nequip"), required=True)
-    parser.add_argument("--what", choices=("harmonics", "linears", "both"), default="both")
+    parser.add_argument("--what", choices=("harmonics", "linears", "gates", "both", "all"), default="all")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--sizes", type=int, nargs="*", default=[3, 5, 10], help="diamond cells per axis (+ cluster)")
     parser.add_argument("--graph-max-atoms", type=int, default=1000)
@@ -72,7 +73,8 @@ def main(argv=None) -> None:
         forces = {}
         for mode in modes:
             for state in ("on", "off", "on2"):
-                swaps = {"harmonics": [harmonics], "linears": [linears], "both": [harmonics, linears]}[args.what]
+                swaps = {"harmonics": [harmonics], "linears": [linears], "gates": [gates], "both": [harmonics, linears],
+                         "all": [leaf_swaps]}[args.what]
                 for swap in swaps:
                     if state == "off":
                         swap.restore(potential.model)
@@ -98,7 +100,8 @@ def main(argv=None) -> None:
     with open(os.path.join(args.out, tag + ".json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=1)
     lines = [f"# A/B of the {args.what} swap: {args.framework}, {args.dtype}, {torch.cuda.get_device_name()}", "",
-             "| graph | atoms | mode | on ms | off ms | on2 ms | off / on | kernels on / off |", "|---|---|---|---|---|---|---|---|"]
+             "| graph | atoms | mode | on ms | off ms | on2 ms | off / on | kernels on / off |",
+             "|---|---|---|---|---|---|---|---|"]
     timed = [r for r in rows if "ms" in r]
     for name in dict.fromkeys(r["graph"] for r in timed):
         for mode in ("eager", "graphs"):

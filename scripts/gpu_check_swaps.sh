@@ -15,12 +15,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
 skip_oeq_build
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
 (cd tests && timeout 200 bash -c 'py_nequip -m pytest -m gpu -q -rfEs -p no:cacheprovider test_spherical_harmonics.py \
-  test_irreps_linear.py test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1
+  test_irreps_linear.py test_gate_layer.py test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1
 stage gpu_tests_nequip $?
 (cd tests && timeout 200 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
   test_spherical_harmonics.py test_irreps_linear.py test_mace_accelerate.py') >"$OUT/gpu_tests_mace.log" 2>&1
 stage gpu_tests_mace $?
-for run in ${AB_RUNS:-mace:both mace:linears nequip:both}; do
+for run in ${AB_RUNS:-nequip:gates nequip:all mace:all}; do
   fw=${run%%:*} what=${run##*:}
   timeout ${AB_TIMEOUT:-150} bash -c "py_$fw scripts/ab_swaps.py --framework $fw --what $what --out $OUT ${AB_ARGS:-}" \
     >"$OUT/ab_${what}_$fw.log" 2>&1

@@ -110,7 +110,8 @@ def sh_program(problem: SHProblem, dtype: str) -> Program:
             if d:
                 gradients.append(f"  g{_AXES[axis]} += {g} * ({_polynomial(d, dtype, scale)});")
     source = template("spherical_harmonics.cu").substitute(
-        dtype=dtype, problem=problem.describe(), prelude=template("prelude.cuh").substitute(scalar=POINTER_TYPES[dtype]),
+        dtype=dtype, problem=problem.describe(),
+        prelude=template("prelude.cuh").substitute(scalar=POINTER_TYPES[dtype]),
         dim=problem.dim, block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,
         forward_parameters=forward.parameters(), backward_parameters=backward.parameters(),
         normalize=_normalize(problem, dtype), powers="\n".join(_powers(problem)), values="\n".join(values),

@@ -15,7 +15,7 @@ from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
-from .. import harmonics, linears
+from .. import leaf_swaps
 from . import displacement as mace_displacement
 from . import radial as mace_radial
 from . import skip as mace_skip
@@ -180,7 +180,7 @@ def _plain_outputs(model, blocks, batch):
         del block.conv_fusion
     try:
         with mace_symmetric.plain(model), mace_skip.plain(model), mace_radial.plain(model), \
-                harmonics.plain(model), linears.plain(model):
+                leaf_swaps.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
@@ -224,12 +224,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
             folded = mace_radial.install(radials, backend)  # the blocks not streamed
             undo.append(lambda folded=folded: mace_radial.uninstall(folded))
-            spherical = harmonics.replacements(model, backend)  # the edges' spherical harmonics: two kernels
-            harmonics.apply(spherical)
-            undo.append(lambda spherical=spherical: harmonics.undo(spherical))
-            layers = linears.replacements(model)  # e3nn's Linear layers: the same maps, fewer launches
-            linears.apply(layers)
-            undo.append(lambda layers=layers: linears.undo(layers))
+            leaves = leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
+            leaf_swaps.apply(leaves)
+            undo.append(lambda leaves=leaves: leaf_swaps.undo(leaves))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
@@ -275,8 +272,7 @@ def restore(obj):
         mace_symmetric.restore(model)
         mace_skip.restore(model)
         mace_radial.restore(model)
-        harmonics.restore(model)
-        linears.restore(model)
+        leaf_swaps.restore(model)
         for block in model.modules():
             mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)

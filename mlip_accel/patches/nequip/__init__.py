@@ -12,7 +12,7 @@ import torch
 
 from ...errors import NotAcceleratable
 from ...problem.radial import RadialRefusal
-from .. import harmonics, linears
+from .. import leaf_swaps
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction, tolerance
 
 _COMPILED_HINT = ("Accelerate the eager model instead: load the checkpoint or package with nequip's loaders "
@@ -115,8 +115,7 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
 
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
     swaps, decisions = plan_streaming(model, swaps, stream_edges, stream_chunk_edges)
-    swaps += harmonics.replacements(model, backend)  # the edges' spherical harmonics: two kernels
-    swaps += linears.replacements(model)  # e3nn's Linear layers: the same maps, fewer launches
+    swaps += leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
     refused = [(n, w) for n, w in decisions if isinstance(w, RadialRefusal)]
     if refused:
         import warnings

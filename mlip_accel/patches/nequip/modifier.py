@@ -29,18 +29,16 @@ def check_supported(model) -> None:
 def enable(model, deterministic: bool = True, backend: str = "auto"):
     """Replace every TensorProductScatter of ``model`` with the fused convolution, in place (no parity probe:
     nequip-train builds the model fresh, and the tests check the modifier's outputs)."""
-    from .. import harmonics, linears
+    from .. import leaf_swaps
     from .tp_scatter import apply, plan_swaps
 
     check_supported(model)
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
     apply(swaps)
-    spherical = harmonics.replacements(model, backend)  # the edges' spherical harmonics: two kernels
-    harmonics.apply(spherical)
-    layers = linears.replacements(model)  # e3nn's Linear layers: the same maps, fewer launches
-    linears.apply(layers)
+    leaves = leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
+    leaf_swaps.apply(leaves)
     # a visible line in nequip-train's log: the acceleration is on (or was already)
     logger.info(f"{MODIFIER_NAME}: {len(swaps)} TensorProductScatter layer(s) switched to mlip_accel's fused "
-                f"convolution (deterministic={deterministic}, backend={backend!r}); {len(spherical)} "
-                f"SphericalHarmonics to its kernels, {len(layers)} e3nn Linear layer(s) to IrrepsLinear")
+                f"convolution (deterministic={deterministic}, backend={backend!r}); e3nn modules swapped for "
+                f"mlip_accel's: {leaf_swaps.summary(leaves)}")
     return model
