@@ -74,10 +74,10 @@ def _powers(problem: SHProblem) -> list[str]:
 
 def _normalize(problem: SHProblem, dtype: str) -> str:
     if not problem.normalize:
-        return "  // normalize=False: the polynomials of r itself"
+        return "  nrm = den = T(1);  // normalize=False: the polynomials of r itself"
     eps = hex_literal(NORMALIZE_EPS, dtype)
-    return (f"  const T nrm = {_SQRT[dtype]}(x * x + y * y + z * z);\n"
-            f"  const T den = nrm >= {eps} ? nrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)\n"
+    return (f"  nrm = {_SQRT[dtype]}(x * x + y * y + z * z);\n"
+            f"  den = nrm >= {eps} ? nrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)\n"
             "  x = x / den; y = y / den; z = z / den;")
 
 

@@ -3,8 +3,6 @@ GateLayer` computes becomes one (the same function and activation modules, far f
 module."""
 from __future__ import annotations
 
-import torch
-
 from ..modules.gate import GateLayer, unsupported_reason
 from . import submodules
 from .submodules import apply, undo  # noqa: F401  (the adapters apply and undo through this module)
@@ -14,18 +12,9 @@ def is_e3nn_gate(module) -> bool:
     return type(module).__name__ == "Gate" and submodules.origin_module(module).startswith("e3nn.nn")
 
 
-def replacements(root: torch.nn.Module) -> list[submodules.Replacement]:
-    def build(child):
-        if is_e3nn_gate(child) and unsupported_reason(child) is None:
-            return GateLayer(child)
-        return None
-
-    return submodules.replacements(root, build)
+def _build(child):
+    return GateLayer(child) if is_e3nn_gate(child) and unsupported_reason(child) is None else None
 
 
-def plain(root):
-    return submodules.plain(root, GateLayer)
-
-
-def restore(root) -> None:
-    submodules.restore(root, GateLayer)
+_SWAP = submodules.LeafSwap(GateLayer, _build)
+replacements, plain, restore = _SWAP.replacements, _SWAP.plain, _SWAP.restore

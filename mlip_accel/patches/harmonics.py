@@ -33,23 +33,15 @@ def is_e3nn_harmonics(module) -> bool:
     return type(module).__name__ == "SphericalHarmonics" and submodules.origin_module(module).startswith("e3nn.")
 
 
-def replacements(root: torch.nn.Module, backend: str = "auto") -> list[submodules.Replacement]:
-    """Each supported e3nn harmonics module of ``root`` accelerated; accelerated ones with another backend
-    rebuilt with this one."""
-    def build(child):
-        if isinstance(child, AcceleratedSphericalHarmonics):
-            return None if child.backend == backend else AcceleratedSphericalHarmonics(child.original, backend)
-        if is_e3nn_harmonics(child) and hasattr(child, "_ls_list") and unsupported_reason(
-                child._ls_list, child.normalize, child.normalization) is None:
-            return AcceleratedSphericalHarmonics(child, backend)
-        return None
-
-    return submodules.replacements(root, build)
+def _build(child, backend: str = "auto"):
+    """Each supported e3nn harmonics module accelerated; accelerated ones with another backend rebuilt with this one."""
+    if isinstance(child, AcceleratedSphericalHarmonics):
+        return None if child.backend == backend else AcceleratedSphericalHarmonics(child.original, backend)
+    if is_e3nn_harmonics(child) and hasattr(child, "_ls_list") and unsupported_reason(
+            child._ls_list, child.normalize, child.normalization) is None:
+        return AcceleratedSphericalHarmonics(child, backend)
+    return None
 
 
-def plain(root):
-    return submodules.plain(root, AcceleratedSphericalHarmonics)
-
-
-def restore(root) -> None:
-    submodules.restore(root, AcceleratedSphericalHarmonics)
+_SWAP = submodules.LeafSwap(AcceleratedSphericalHarmonics, _build)
+replacements, plain, restore = _SWAP.replacements, _SWAP.plain, _SWAP.restore

@@ -4,8 +4,6 @@ interaction linears) becomes :class:`~mlip_accel.modules.linear.IrrepsLinear`, t
 fewer launches (ops.linear: no per-block fill and add in the backward). Others keep e3nn's module."""
 from __future__ import annotations
 
-import torch
-
 from ..modules.linear import IrrepsLinear
 from ..problem.linear import unsupported_reason
 from . import submodules
@@ -16,18 +14,9 @@ def is_e3nn_linear(module) -> bool:
     return type(module).__name__ == "Linear" and submodules.origin_module(module).startswith("e3nn.o3")
 
 
-def replacements(root: torch.nn.Module) -> list[submodules.Replacement]:
-    def build(child):
-        if is_e3nn_linear(child) and unsupported_reason(child) is None:
-            return IrrepsLinear(child)
-        return None
-
-    return submodules.replacements(root, build)
+def _build(child):
+    return IrrepsLinear(child) if is_e3nn_linear(child) and unsupported_reason(child) is None else None
 
 
-def plain(root):
-    return submodules.plain(root, IrrepsLinear)
-
-
-def restore(root) -> None:
-    submodules.restore(root, IrrepsLinear)
+_SWAP = submodules.LeafSwap(IrrepsLinear, _build)
+replacements, plain, restore = _SWAP.replacements, _SWAP.plain, _SWAP.restore

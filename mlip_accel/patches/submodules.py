@@ -69,3 +69,20 @@ def plain(root, cls):
 def restore(root, cls) -> None:
     for parent, name, fast in _swapped(root, cls):
         parent._modules[name] = fast.original
+
+
+class LeafSwap:
+    """One kind of leaf swap: ``build(child, *options)`` returns a child's replacement (an instance of ``cls``
+    holding the e3nn module as ``.original``) or None; the kind's module exposes these methods as its functions."""
+
+    def __init__(self, cls, build: Callable):
+        self.cls, self.build = cls, build
+
+    def replacements(self, root: torch.nn.Module, *options) -> list[Replacement]:
+        return replacements(root, lambda child: self.build(child, *options))
+
+    def plain(self, root):
+        return plain(root, self.cls)
+
+    def restore(self, root) -> None:
+        restore(root, self.cls)

@@ -71,6 +71,15 @@ class OpCounter(TorchDispatchMode):
 __all__ = ["OpCounter"]
 
 
+def backward_ops(module, x: torch.Tensor) -> collections.Counter:
+    """The torch operations of the backward of ``module(x)`` with respect to ``x`` (a ones cotangent), by name."""
+    y = module(x)
+    cotangent = torch.ones_like(y)
+    with OpCounter() as ops:
+        torch.autograd.grad(y, x, cotangent)
+    return ops.counts
+
+
 def count_syncs(fn) -> dict:
     """Host-device synchronisations torch reports while ``fn()`` runs (``torch.cuda.set_sync_debug_mode`` warns
     at each): ``{"count": n, "where": {file:line: n}}``; without CUDA ``fn()`` still runs and count is None."""

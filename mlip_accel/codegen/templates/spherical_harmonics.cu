@@ -9,13 +9,19 @@
 ${prelude}
 #define DIM ${dim}
 
+// The vector the polynomials take (x, y, z: u), and |r| with the denominator the normalisation divided by.
+static __device__ __forceinline__ void unit_vector(const T* r, T& x, T& y, T& z, T& nrm, T& den) {
+  x = r[0]; y = r[1]; z = r[2];
+${normalize}
+}
+
 extern "C" __global__ void __launch_bounds__(${block_threads}) ${forward}(
     ${forward_parameters})
 {
   const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= n) return;
-  T x = vectors[3 * e], y = vectors[3 * e + 1], z = vectors[3 * e + 2];
-${normalize}
+  T x, y, z, nrm, den;
+  unit_vector(vectors + 3 * e, x, y, z, nrm, den);
 ${powers}
   T* o = out + e * DIM;
 ${values}
@@ -26,8 +32,8 @@ extern "C" __global__ void __launch_bounds__(${block_threads}) ${backward}(
 {
   const long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= n) return;
-  T x = vectors[3 * e], y = vectors[3 * e + 1], z = vectors[3 * e + 2];
-${normalize}
+  T x, y, z, nrm, den;
+  unit_vector(vectors + 3 * e, x, y, z, nrm, den);
 ${powers}
   const T* g = grad_out + e * DIM;
   T gx = T(0), gy = T(0), gz = T(0);

@@ -13,6 +13,7 @@ from nequip.nn._tp_scatter_base import TensorProductScatter
 
 from ...graph import EdgeSortCache
 from ...modules import TensorProductConv
+from .. import submodules
 from ..common import check_options
 from ..common import conv_on_shared_graph
 
@@ -98,11 +99,4 @@ def plan_swaps(root: torch.nn.Module, deterministic: bool = True, backend: str =
     return swaps
 
 
-def apply(swaps: list[Swap]) -> None:
-    for s in swaps:
-        s.parent._modules[s.name] = s.new
-
-
-def undo(swaps: list[Swap]) -> None:
-    for s in swaps:
-        s.parent._modules[s.name] = s.old
+apply, undo = submodules.apply, submodules.undo  # a Swap has a Replacement's fields: the same helpers apply it
