@@ -214,6 +214,18 @@ def test_spherical_harmonics_kernels_compile_with_nvrtc(dtype, arch, ls, normali
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_radial_basis_kernels_compile_with_nvrtc(dtype, arch):
+    from mlip_accel.codegen.radial_basis import radial_basis_program
+
+    program = radial_basis_program(8, dtype)
+    for plan in program.plans:
+        size, error = _compile((program.source, arch, plan.kernel))
+        assert error is None, error
+        assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_md_update_kernels_compile_with_nvrtc(arch):
     from mlip_accel.codegen.md_update import KERNELS, md_update_program
 

@@ -18,6 +18,7 @@ from ..edge_stream import check_stream_option, report as stream_report
 from .. import leaf_swaps
 from . import displacement as mace_displacement
 from . import radial as mace_radial
+from . import radial_embedding as mace_radial_embedding
 from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
@@ -180,7 +181,7 @@ def _plain_outputs(model, blocks, batch):
         del block.conv_fusion
     try:
         with mace_symmetric.plain(model), mace_skip.plain(model), mace_radial.plain(model), \
-                leaf_swaps.plain(model):
+                leaf_swaps.plain(model), mace_radial_embedding.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
@@ -227,6 +228,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             leaves = leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
             leaf_swaps.apply(leaves)
             undo.append(lambda leaves=leaves: leaf_swaps.undo(leaves))
+            embedding = mace_radial_embedding.replacements(model, backend)  # Bessel x cutoff: two kernels
+            mace_radial_embedding.apply(embedding)
+            undo.append(lambda embedding=embedding: mace_radial_embedding.undo(embedding))
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]
@@ -273,6 +277,7 @@ def restore(obj):
         mace_skip.restore(model)
         mace_radial.restore(model)
         leaf_swaps.restore(model)
+        mace_radial_embedding.restore(model)
         for block in model.modules():
             mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)
