@@ -5,7 +5,7 @@ modules (``on``), with e3nn's modules put back (``off``: ``patches.<what>.restor
 check), eager and with CUDA graphs (up to --graph-max-atoms), plus the CUDA kernels one eager step launches (torch
 profiler) and the force difference on/off. ``--what``: ``harmonics`` (the spherical-harmonics kernels),
 ``linears`` (IrrepsLinear for e3nn's Linear), ``gates`` (GateLayer for e3nn's Gate), ``both`` (harmonics and
-linears), ``all`` (every leaf swap: patches.leaf_swaps).
+linears), ``all`` (every leaf swap: patches.leaf_swaps, and MACE's radial embedding).
 
     py_mace   scripts/ab_swaps.py --framework mace   --what all --out $OUT
     py_nequip scripts/ab_swaps.py --framework nequip --what gates --out $OUT
@@ -54,6 +54,8 @@ def main(argv=None) -> None:
     parser.add_argument("--graph-max-atoms", type=int, default=1000)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
+    if args.framework == "mace":
+        from mlip_accel.patches.mace import radial_embedding as mace_radial_embedding
     device = torch.device("cuda")
     base = {"mace": bench_md.build_mace, "nequip": bench_md.build_nequip}[args.framework](dtype_of(args.dtype))
     model = bench_md.variant(args.framework, "mlip_accel", base, device)
@@ -74,7 +76,7 @@ def main(argv=None) -> None:
         for mode in modes:
             for state in ("on", "off", "on2"):
                 swaps = {"harmonics": [harmonics], "linears": [linears], "gates": [gates], "both": [harmonics, linears],
-                         "all": [leaf_swaps]}[args.what]
+                         "all": [leaf_swaps] + ([mace_radial_embedding] if args.framework == "mace" else [])}[args.what]
                 for swap in swaps:
                     if state == "off":
                         swap.restore(potential.model)

@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; stat
   test_irreps_linear.py test_gate_layer.py test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1
 stage gpu_tests_nequip $?
 (cd tests && timeout 200 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-  test_spherical_harmonics.py test_irreps_linear.py test_mace_accelerate.py') >"$OUT/gpu_tests_mace.log" 2>&1
+  test_spherical_harmonics.py test_irreps_linear.py test_mace_accelerate.py test_mace_radial_embedding.py') >"$OUT/gpu_tests_mace.log" 2>&1
 stage gpu_tests_mace $?
 for run in ${AB_RUNS:-nequip:gates nequip:all mace:all}; do
   fw=${run%%:*} what=${run##*:}
