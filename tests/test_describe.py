@@ -110,6 +110,8 @@ def test_nequip_model_and_calculator():
     assert "3 layer(s) mlip_accel can run, 3 run by mlip_accel" in text
     assert "(NequIP TensorProductScatter): mlip_accel reference [backend='auto', deterministic] - the model is on " \
            "cpu; the CUDA kernels need CUDA tensors" in text
+    assert "modules : e3nn/framework modules swapped for mlip_accel's: 1 SphericalHarmonics, " in text
+    assert "Linear" in report.modules and "Gate" in report.modules and plain.modules == ""
     unaccelerated = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", accelerate=False)
     assert unaccelerated.describe().backends == ("e3nn",)
 
@@ -132,6 +134,7 @@ def test_mace_model():
     names = {layer.name for layer in report.layers}
     assert {"interactions.0.conv_tp", "products.0.symmetric_contractions"} <= names and report.dtype == "float64"
     assert "4 layer(s) mlip_accel can run, 4 run by mlip_accel" in str(report)
+    assert report.modules.startswith("1 SphericalHarmonics, 1 RadialEmbeddingBlock, ") and "Linear" in report.modules
 
 
 def test_cli_backend_line_gives_the_fallback_reason(monkeypatch):

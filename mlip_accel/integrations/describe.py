@@ -43,6 +43,9 @@ class Description:
     dtype: str
     layers: tuple
     cuda: str  # "available", or the reason the CUDA kernels cannot run in this process
+    # the smaller e3nn / framework modules accelerate() swapped beside the layers, e.g. "1 SphericalHarmonics (kernels),
+    # 9 Linear, 2 Gate" (patches.leaf_swaps, MACE's radial embedding); "" when none
+    modules: str = ""
 
     @property
     def accelerated(self) -> bool:
@@ -75,6 +78,8 @@ class Description:
             lines.append(text)
         if not self.layers:
             lines.append("    (no layer that mlip_accel knows: nothing to accelerate)")
+        if self.modules:
+            lines.append(f"  modules : e3nn/framework modules swapped for mlip_accel's: {self.modules}")
         lines.append(f"  CUDA    : {self.cuda}")
         return "\n".join(lines)
 
@@ -186,6 +191,25 @@ def _layers(modules, device) -> list:
     return layers
 
 
+def _swapped_modules(modules) -> str:
+    """The leaf swaps found in ``modules``, by the class they replaced, e.g. "1 SphericalHarmonics, 9 Linear"."""
+    from ..modules.gate import GateLayer
+    from ..modules.linear import IrrepsLinear
+    from ..modules.spherical_harmonics import SphericalHarmonics
+
+    kinds = ((SphericalHarmonics, "SphericalHarmonics"), (IrrepsLinear, "Linear"), (GateLayer, "Gate"))
+    counts: dict = {}
+    for root in modules:
+        for module in root.modules():
+            name = next((n for cls, n in kinds if isinstance(module, cls)), None)
+            if name is None and type(module).__name__ == "FusedRadialEmbedding":
+                name = "RadialEmbeddingBlock"
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+    order = ("SphericalHarmonics", "RadialEmbeddingBlock", "Linear", "Gate")
+    return ", ".join(f"{counts[name]} {name}" for name in order if name in counts)
+
+
 def _accelerated_layer(name, kind, conv, device) -> Layer:
     implementation, reason = _implementation(conv.backend, device)
     return Layer(name, kind, implementation, conv.backend, getattr(conv, "deterministic", None), reason)
@@ -206,7 +230,8 @@ def describe(obj) -> Description:
     cuda = backends.cuda_unavailable_reason()  # imports CuPy only where torch sees a CUDA device
     return Description(target=header, device=str(device) if device is not None else "unknown (no parameters)",
                        dtype=str(dtype).removeprefix("torch.") if dtype is not None else "unknown (no parameters)",
-                       layers=tuple(_layers(modules, device)), cuda="available" if cuda is None else cuda)
+                       layers=tuple(_layers(modules, device)), cuda="available" if cuda is None else cuda,
+                       modules=_swapped_modules(modules))
 
 
 __all__ = ["describe", "Description", "Layer"]
