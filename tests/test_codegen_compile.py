@@ -186,16 +186,20 @@ def test_element_linear_compiles_with_nvrtc(dtype, arch):
             assert size > 0
 
 
+def _assert_program_compiles(program, arch: str) -> None:
+    """Every kernel of a generated program compiles with NVRTC for ``arch`` to a non-empty image."""
+    for plan in program.plans:
+        size, error = _compile((program.source, arch, plan.kernel))
+        assert error is None, error
+        assert size > 0
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_kernels_compile_with_nvrtc(dtype, arch):
     from mlip_accel.codegen.activation import silu_program
 
-    program = silu_program(dtype)
-    for plan in program.plans:
-        size, error = _compile((program.source, arch, plan.kernel))
-        assert error is None, error
-        assert size > 0
+    _assert_program_compiles(silu_program(dtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -206,11 +210,7 @@ def test_spherical_harmonics_kernels_compile_with_nvrtc(dtype, arch, ls, normali
     from mlip_accel.codegen.spherical_harmonics import sh_program
     from mlip_accel.problem.spherical_harmonics import SHProblem
 
-    program = sh_program(SHProblem(ls, normalize, normalization), dtype)
-    for plan in program.plans:
-        size, error = _compile((program.source, arch, plan.kernel))
-        assert error is None, error
-        assert size > 0
+    _assert_program_compiles(sh_program(SHProblem(ls, normalize, normalization), dtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -218,11 +218,7 @@ def test_spherical_harmonics_kernels_compile_with_nvrtc(dtype, arch, ls, normali
 def test_radial_basis_kernels_compile_with_nvrtc(dtype, arch):
     from mlip_accel.codegen.radial_basis import radial_basis_program
 
-    program = radial_basis_program(8, dtype)
-    for plan in program.plans:
-        size, error = _compile((program.source, arch, plan.kernel))
-        assert error is None, error
-        assert size > 0
+    _assert_program_compiles(radial_basis_program(8, dtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
