@@ -5,15 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..codegen.activation import silu_program
-from .launch_plan import launch, written
+from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def _program(z: torch.Tensor):
-    if z.dtype not in _DTYPES:
+    if z.dtype not in FLOAT_DTYPE_NAMES:
         raise TypeError(f"the silu kernels take float32 or float64, got {z.dtype}")
-    return silu_program(_DTYPES[z.dtype])
+    return silu_program(FLOAT_DTYPE_NAMES[z.dtype])
 
 
 def silu_grad2(z: torch.Tensor, gy: torch.Tensor, ggz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,6 +26,7 @@ def written(shape, like: torch.Tensor) -> torch.Tensor:
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64}  # a plan's element types
 _ELEMENT_TYPES = {dt: name for name, dt in TORCH_DTYPES.items()}
+FLOAT_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # the float kernels' dtypes, by name
 
 
 _MARSHAL: dict[int, tuple] = {}  # id(plan) -> (plan, rows, argument names): a plan's arguments read once

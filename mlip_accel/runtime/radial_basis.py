@@ -5,19 +5,18 @@ from __future__ import annotations
 import torch
 
 from ..codegen.radial_basis import radial_basis_program
-from .launch_plan import launch, written
+from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def _values(lengths, weights, prefactor, r_max, p) -> tuple:
-    if lengths.dtype not in _DTYPES or lengths.dim() != 1:
+    if lengths.dtype not in FLOAT_DTYPE_NAMES or lengths.dim() != 1:
         raise ValueError(f"lengths must be a float32/float64 vector, got {lengths.dtype} {tuple(lengths.shape)}")
     constants = dict(weights=weights, prefactor=prefactor, r_max=r_max, p=p)
     for name, t in constants.items():
         if t.dtype != lengths.dtype or t.device != lengths.device:
             raise ValueError(f"{name} must be {lengths.dtype} on {lengths.device}, got {t.dtype} on {t.device}")
-    program = radial_basis_program(weights.numel(), _DTYPES[lengths.dtype])
+    program = radial_basis_program(weights.numel(), FLOAT_DTYPE_NAMES[lengths.dtype])
     return program, dict(lengths=lengths.contiguous(), n=lengths.shape[0],
                          **{k: v.contiguous().reshape(-1) for k, v in constants.items()})
 

@@ -6,17 +6,16 @@ import torch
 
 from ..codegen.spherical_harmonics import sh_program
 from ..problem.spherical_harmonics import SHProblem
-from .launch_plan import launch, written
+from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
 
-_DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def _program(problem: SHProblem, vectors: torch.Tensor):
-    if vectors.dtype not in _DTYPES:
+    if vectors.dtype not in FLOAT_DTYPE_NAMES:
         raise TypeError(f"the spherical-harmonics kernels take float32 or float64 vectors, got {vectors.dtype}")
     if vectors.dim() != 2 or vectors.shape[1] != 3:
         raise ValueError(f"vectors must be [n, 3], got {tuple(vectors.shape)}")
-    return sh_program(problem, _DTYPES[vectors.dtype])
+    return sh_program(problem, FLOAT_DTYPE_NAMES[vectors.dtype])
 
 
 def forward(problem: SHProblem, vectors: torch.Tensor) -> torch.Tensor:
