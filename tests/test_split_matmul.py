@@ -98,6 +98,26 @@ def test_gradcheck_to_second_order_on_the_cpu():
     assert torch.autograd.gradgradcheck(exact_mm, (a, b))
 
 
+def test_forces_with_trainable_weights_skip_the_weight_gradient():
+    """autograd.grad to the input only (forces): the weight's product is not computed, though it requires grad."""
+    from mlip_accel.testing.op_count import OpCounter
+
+    a = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    y = exact_mm(torch.sin(a), b * 2.0)  # b behind an operation, as MACE's folded weight * scale
+    with OpCounter() as ops:
+        (ga,) = torch.autograd.grad(y.square().sum(), a)
+    assert ops.counts["mm"] == 1
+    assert torch.allclose(ga, (2 * y @ (2.0 * b).t()) * torch.cos(a))
+    # both, and the weight's alone, still computed when asked for
+    ga2, gb = torch.autograd.grad(exact_mm(torch.sin(a), b * 2.0).square().sum(), (a, b))
+    assert torch.allclose(ga2, ga) and torch.allclose(gb, 2.0 * torch.sin(a).t() @ (2 * y))
+    (gb2,) = torch.autograd.grad(exact_mm(torch.sin(a), b * 2.0).square().sum(), b)
+    assert torch.allclose(gb2, gb)
+    assert torch.allclose(torch.func.grad(lambda w: exact_mm(a.detach(), w).square().sum())(b.detach()),
+                          2 * a.detach().t() @ (a.detach() @ b.detach()))
+
+
 def test_functorch_and_compile_take_torch_mm():
     a = torch.randn(3, 6, 4, dtype=torch.float64)
     b = torch.randn(4, 3, dtype=torch.float64)
