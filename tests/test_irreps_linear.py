@@ -31,8 +31,15 @@ def _pair(irreps_in, irreps_out, dtype=torch.float64, seed=0):
     return plain, IrrepsLinear(plain)
 
 
+@pytest.fixture(params=["batched", "tall"])
+def strategy(request, monkeypatch):
+    """Each way of multiplying a block with d > 1 components (ops.linear.GEMM_MIN_ELEMENTS picks by size)."""
+    monkeypatch.setattr(ops, "GEMM_MIN_ELEMENTS", 10 ** 18 if request.param == "batched" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("irreps_in, irreps_out", PAIRS)
-def test_equals_e3nn_with_first_and_second_derivatives(irreps_in, irreps_out):
+def test_equals_e3nn_with_first_and_second_derivatives(irreps_in, irreps_out, strategy):
     plain, fast = _pair(irreps_in, irreps_out)
     x = torch.randn(2, 7, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)  # batch dimensions
     want, got = plain(x), fast(x)
@@ -49,12 +56,26 @@ def test_equals_e3nn_with_first_and_second_derivatives(irreps_in, irreps_out):
     assert all(rel_err(a, b) <= 1e-13 for a, b in zip(second, second_want))
 
 
-def test_gradcheck_and_gradgradcheck():
+def test_gradcheck_and_gradgradcheck(strategy):
     plain, fast = _pair(*PAIRS[3])
     x = torch.randn(3, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)
     w = plain.weight.detach().clone().requires_grad_()
     fn = lambda a, b: ops.linear(a, b, fast.scale, fast.problem)  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, w)) and torch.autograd.gradgradcheck(fn, (x, w))
+
+
+def test_block_size_picks_the_strategy(monkeypatch):
+    """A large block takes the tall product (one mm over a transposed copy), a small one the batched product."""
+    from mlip_accel.testing.op_count import OpCounter
+
+    plain, fast = _pair("16x1o", "8x1o", dtype=torch.float32)
+    x = torch.randn(50, plain.irreps_in.dim)
+    for threshold, op in ((50 * 16 * 3, "mm"), (50 * 16 * 3 + 1, "bmm")):
+        monkeypatch.setattr(ops, "GEMM_MIN_ELEMENTS", threshold)
+        with OpCounter() as counted:
+            y = fast(x)
+        assert counted.counts[op] == 1 and counted.counts["mm" if op == "bmm" else "bmm"] == 0
+        assert rel_err(y, plain(x)) <= 1e-6
 
 
 def test_same_parameters_and_state_dict_and_pickles():
@@ -129,7 +150,8 @@ def test_gpu_equals_e3nn_without_node_sized_weight_copies(dtype):
     (gx_want,) = torch.autograd.grad(want, x, g)
     tol = 1e-5 if dtype == torch.float32 else 1e-13
     assert rel_err(got, want) <= tol and rel_err(gx, gx_want) <= tol
-    # the weight matrix is broadcast over the nodes (a stride-0 batch), never copied per node: forward + backward
-    # hold the output, its blocks and the input gradient's (3x the features; measured); one per-node copy of a
-    # weight matrix would add 50000 x 128 x 128 elements, 6.4x the features
+    # the weight matrix is never copied per node (batched: broadcast as a stride-0 batch; tall: one matrix for all
+    # rows): forward + backward hold the output, its blocks and the input gradient's (3x the features, measured
+    # with the batched products; the tall products add transposed copies of one block at a time, under 1x); one
+    # per-node copy of a weight matrix would add 50000 x 128 x 128 elements, 6.4x the features
     assert peak <= 4 * x.numel() * x.element_size()

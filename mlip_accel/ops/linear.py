@@ -6,8 +6,9 @@ tensor (``narrow``'s backward) and adds them up: per block one fill and one full
 8000 atoms: ~3 ms of an MD step, benchmarks/profile_md_evaluator_10c_shapes_h100.md). Here:
 
 * the path weights are folded into the (small) weight vector once per call (``weight * scale``);
-* each instruction is one (batched) matrix product on a view of its input block, ``[N, mul_in, d]`` with the
-  weight matrix broadcast over the nodes (no copy of the features); the output blocks are joined by one ``cat``;
+* each instruction is one matrix product: for a large block a tall one over a transposed copy of its input block
+  (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight matrix broadcast over
+  the nodes: no copy); the output blocks are joined by one ``cat``;
 * the backward is the transposed map, built the same way (one ``cat`` for the whole input gradient), and the
   weight gradient one product per instruction, computed only when asked for.
 
@@ -20,6 +21,16 @@ from torch import Tensor
 
 from ..problem.linear import LinearProblem
 from .gradients import wanted
+
+
+# A block with d > 1 components of at least this many elements (nodes x multiplicity x d) is multiplied as one
+# [N d, mul_in] @ [mul_in, mul_out] product on a transposed copy; a smaller one as N small [mul_out, mul_in] @
+# [mul_in, d] products on a view (no copies, but cuBLAS's batched kernels run a d-column output at a fraction of
+# its speed, while the two copies cost launches that only a large block repays). H100, fp32, forward + input
+# gradient as CUDA graph replays (benchmarks/bench_irreps_linear_h100.md): tall/batched 1.9-3.8x on MACE-MP-0
+# medium's 128x blocks at 1000-8000 nodes, 0.76-0.84x at 32 nodes; NequIP OAM-L's 32x1o block 0.86x at 1000
+# nodes (96,000 elements), 1.57x at 8000; even around 100,000-200,000 elements.
+GEMM_MIN_ELEMENTS = 131_072
 
 
 def _weight_matrix(ws: Tensor, ins) -> Tensor:
@@ -40,8 +51,11 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
         mul_src, d = src[i_src]
         if d == 1:
             y = blocks[i_src] @ m.t()
-        else:  # the matrix broadcast over the nodes: one batched product on the block's view, no copy
+        elif n * mul_src * d < GEMM_MIN_ELEMENTS:  # the weight broadcast over the nodes: batched, on a view
             y = torch.bmm(m.expand(n, *m.shape), blocks[i_src].reshape(n, mul_src, d)).view(n, -1)
+        else:  # one tall product over (node, component) rows: the block transposed once, the result back once
+            rows = blocks[i_src].reshape(n, mul_src, d).transpose(1, 2).reshape(n * d, mul_src)
+            y = (rows @ m.t()).view(n, d, -1).transpose(1, 2).reshape(n, -1)
         acc[i_dst] = y if acc[i_dst] is None else acc[i_dst] + y
     out = [a if a is not None else x.new_zeros(n, m * d) for a, (m, d) in zip(acc, dst)]
     return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
