@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The full ASE call of MACE against Symmetrix-XL and where its time goes (scripts/profile_ase_call.py), after the
+# GPU tests of what it runs (IrrepsLinear's two strategies, the 3xTF32 products' gradients, MACE and NequIP
+# accelerate), on the device machine in one call from the repository root, .whl/common, .whl/mace, .whl/nequip and
+# .whl/symmetrix carried. Results under $OUT: gpu_tests_{mace,nequip}.log, profile_ase_call_<cells>c.md,
+# summary.txt.
+#
+#   OUT=/path CELLS="5 10" bash scripts/gpu_check_ase_call.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_check_ase_call_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
+: >"$OUT/summary.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
+skip_oeq_build
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
+if [[ -z ${SKIP_TESTS:-} ]]; then
+  (cd tests && timeout 240 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
+    test_irreps_linear.py test_split_matmul.py test_mace_accelerate.py test_cuda_graphs.py') >"$OUT/gpu_tests_mace.log" 2>&1
+  stage gpu_tests_mace $?
+  (cd tests && timeout 150 bash -c 'py_nequip -m pytest -m gpu -q -rfEs -p no:cacheprovider test_irreps_linear.py \
+    test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1
+  stage gpu_tests_nequip $?
+  tail -n 3 "$OUT"/gpu_tests_*.log
+fi
+timeout ${PROFILE_TIMEOUT:-300} bash -c "py_mace scripts/profile_ase_call.py --cells ${CELLS:-5 10} --out $OUT" 2>&1 \
+  | grep -v -i "warn\|visitor"
+stage profile_ase_call ${PIPESTATUS[0]}
+cat "$OUT/summary.txt"
+exit $status

@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""Where a full ASE call (``atoms.get_forces()``) of an accelerated MACE model spends its time beyond the
+model step, against Symmetrix-XL's call in the same run (issue 18).
+
+Per size (diamond carbon, bench_md's MACE-MP-0-medium-size model, fp32, random weights): the median of
+
+- ``ASE call``: ``atoms.get_forces()`` after every atom moved by up to 0.02 A (as scripts/bench_md_sweep.py);
+- its parts, each timed with the GPU synchronised before and after, in calls of their own: the neighbour list
+  (``calc.neighbor_list``), the evaluation (``calc.evaluator``: padding, graph input copies, replay or eager
+  step), the results to the host (``evaluation``);
+- ``step alone``: the evaluator on the same neighbour tensors (no list built), and on a copy of them per call;
+- ``Symmetrix-XL``: its ASE call on the same moves (where its wheel is installed).
+
+Then the ASE calls' host time by Python function (cProfile), three neighbour lists' operations by GPU time, and
+three ASE calls under torch.profiler: operations by GPU time and by host time, all into
+``--out/profile_ase_call_<cells>c.md``.
+
+    python scripts/profile_ase_call.py --cells 5 10 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+MOVE = 0.02
+
+
+def _median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+class Labelled:
+    """``wrapped`` whose calls show as a named range in the profile."""
+
+    def __init__(self, name, wrapped):
+        self.name, self.wrapped = name, wrapped
+
+    def __call__(self, *args, **kwargs):
+        from torch.profiler import record_function
+
+        with record_function(self.name):
+            return self.wrapped(*args, **kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self.wrapped, attr)
+
+
+def main(argv=None) -> None:
+    import bench_md
+    from bench_graphs import build_graph
+    from bench_md_sweep import ase_atoms, symmetrix_calculator
+    from torch.profiler import ProfilerActivity, profile
+
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+    from mlip_accel.integrations.potentials import potential_from_model
+    from mlip_accel.integrations.potentials.base import evaluation
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, nargs="+", default=[5, 10])
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    device = torch.device("cuda")
+    base = bench_md.build_mace(torch.float32)
+    potential = potential_from_model(bench_md.variant("mace", "mlip_accel", base, device), device=device)
+    try:
+        symx = symmetrix_calculator(base, "float32", tempfile.mkdtemp(prefix="profile_ase_call_"))
+    except Exception as err:
+        symx = None
+        print(f"symmetrix unavailable: {type(err).__name__}: {err}", flush=True)
+    rng = np.random.default_rng(0)
+    for cells in args.cells:
+        graph = build_graph(f"carbon-{cells}c", device=device)
+        pos, cell, pbc, numbers, _ = bench_md.structure(graph)
+        calc = AcceleratedCalculator(potential, neighbor_skin=0.0)
+        atoms = ase_atoms(pos, cell, pbc)
+        atoms.calc = calc
+
+        def moved():
+            return pos + rng.uniform(-MOVE, MOVE, pos.shape)
+
+        def ase_call():
+            atoms.positions = moved()
+            return atoms.get_forces()
+
+        types = potential.atom_types(numbers)
+        cell_t = torch.as_tensor(cell, dtype=torch.float64, device=device)
+        state = {}
+
+        def part_list():
+            state["nb"] = calc.neighbor_list(moved(), cell, pbc)
+
+        def part_eval():
+            pos_t = torch.as_tensor(pos, dtype=torch.float64, device=device)
+            state["out"] = calc.evaluator(pos_t, cell_t, pbc, types, state["nb"], copy_outputs=False, stress=False)
+
+        def part_host():
+            evaluation(state["out"])
+
+        def part_eval_new_list():  # a list the evaluator has not seen (as each MD step's is)
+            nb = state["nb"]
+            state["nb"] = type(nb)(receivers=nb.receivers.clone(), senders=nb.senders.clone(),
+                                   unit_shifts=nb.unit_shifts.clone())
+            part_eval()
+
+        rows = [("ASE call", _median_ms(ase_call, args.reps))]
+        part_list()
+        part_eval()
+        rows += [("neighbour list", _median_ms(part_list, args.reps)),
+                 ("evaluation (step alone, same list each call)", _median_ms(part_eval, args.reps)),
+                 ("evaluation on a new list each call (clone included)", _median_ms(part_eval_new_list, args.reps)),
+                 ("results to the host", _median_ms(part_host, args.reps))]
+        if symx is not None:
+            atoms_s = ase_atoms(pos, cell, pbc)
+            atoms_s.calc = symx
+
+            def symx_call():
+                atoms_s.positions = moved()
+                return atoms_s.get_forces()
+
+            rows.append(("Symmetrix-XL ASE call", _median_ms(symx_call, args.reps)))
+        head = (f"# The full ASE call and its parts: MACE-MP-0-medium size, carbon-{cells}c ({graph.num_nodes} atoms, "
+                f"{graph.num_edges} edges), fp32, {torch.cuda.get_device_name()}")
+        lines = [head, "", f"graphs: {calc.cuda_graphs}, list on the GPU: {calc.neighbor_list.on_gpu}, "
+                 f"edge capacity {calc.edge_capacity}", "", "| part | median ms |", "|---|---|"]
+        lines += [f"| {name} | {ms:.2f} |" for name, ms in rows]
+        print("\n".join(lines), flush=True)
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(args.reps):
+            ase_call()
+        profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(35)
+        lines += ["", f"## {args.reps} ASE calls: host time by Python function (cProfile, cumulative)", "", "```",
+                  text.getvalue().strip(), "```"]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                calc.neighbor_list(moved(), cell, pbc)
+            torch.cuda.synchronize()
+        lines += ["", "## 3 neighbour lists alone: operations by GPU time", "", "```",
+                  prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15, max_name_column_width=60),
+                  "```"]
+        calc.neighbor_list = Labelled("## neighbour list", calc.neighbor_list)
+        calc.evaluator = Labelled("## evaluator", calc.evaluator)
+        for _ in range(2):
+            ase_call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                ase_call()
+            torch.cuda.synchronize()
+        averages = prof.key_averages()
+        lines += ["", "## 3 ASE calls: operations by GPU time", "", "```",
+                  averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60), "```",
+                  "", "## 3 ASE calls: operations by host time", "", "```",
+                  averages.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60), "```"]
+        with open(os.path.join(args.out, f"profile_ase_call_{cells}c.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        calc.evaluator.wrapped.release()
+        del calc, atoms
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
