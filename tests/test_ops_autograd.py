@@ -164,6 +164,16 @@ def test_conv_backward_computes_only_the_gradients_autograd_needs(monkeypatch, d
     (gy,) = torch.autograd.grad(conv(x0, y, w.detach(), dst, src), (y,), gz)
     assert asked == [(False, True, False)]
     assert torch.equal(gy, full[1])
+    asked.clear()
+    # trainable parameters (MD on a model fresh from training): x depends on one, so it requires grad, but forces
+    # do not use its gradient and autograd knows: still not computed
+    embedding = torch.ones((), dtype=x.dtype, requires_grad=True)
+    gy, gw = torch.autograd.grad(conv(x0 * embedding, y, w, dst, src), (y, w), gz)
+    assert asked == [(False, True, True)]
+    assert torch.equal(gy, full[1]) and torch.equal(gw, full[2])
+    asked.clear()
+    (ge,) = torch.autograd.grad(conv(x0 * embedding, y, w, dst, src), embedding, gz)  # asked for: computed
+    assert asked == [(True, False, False)] and torch.allclose(ge, (full[0] * x0).sum())
 
 
 def test_conv_backward_op_with_gradients_left_out():

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..problem import get_problem
 from . import backends
+from .gradients import wanted
 
 NS = "mlip_accel"
 
@@ -230,7 +231,9 @@ _CONV_NEED = 3  # conv_backward's need_x, need_y, need_w: no gradient either
 
 def _conv_forward_bwd(ctx, grad_z):
     x, y, w = ctx.saved_tensors
-    need = tuple(bool(n) for n in ctx.needs_input_grad[:3])
+    # wanted, not needs_input_grad: forces with trainable parameters (MACE's first interaction: x is the species
+    # embedding, a function of parameters only) skip grad x, ~3 ms of an 8000-atom MACE-MP-0 medium step
+    need = tuple(wanted(ctx, i, t) for i, t in enumerate((x, y, w)))
     grads = conv_backward(x, y, w, grad_z.contiguous(), *ctx.graph, *ctx.args, *need)
     return (*(g if n else None for g, n in zip(grads, need)), *_CONV_NO_GRAD)
 

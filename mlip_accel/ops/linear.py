@@ -96,7 +96,7 @@ class _LinearMap(torch.autograd.Function):
     def backward(ctx, g):
         x, ws = ctx.saved_tensors
         grad_x = grad_ws = None
-        if ctx.needs_input_grad[0]:
+        if wanted(ctx, 0, x):  # forces skip the species embedding's linears (parameters only, trainable or not)
             grad_x = _LinearMap.apply(g, ws, ctx.problem, not ctx.transpose)
         if wanted(ctx, 1, ws):  # not for forces; <g, L x> is bilinear in (input side, output side), either map
             grad_ws = (weight_gradient(ctx.problem, g, x) if ctx.transpose
