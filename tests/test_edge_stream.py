@@ -108,6 +108,25 @@ def test_streamed_equals_unstreamed_with_gradients(dtype, chunk):
         assert rel_err(a, b) <= TOL[dtype], name
 
 
+def test_forces_with_a_trainable_matrix_skip_its_gradient():
+    """Gradients to the edge inputs only (forces) with the radial matrix trainable: the backward does what it does
+    for a frozen matrix (the matrix's product over all edges is not computed), with the same results."""
+    from mlip_accel.testing.op_count import OpCounter
+
+    conv = _conv()
+    x, attr, hidden, matrix, dst, src = _inputs(conv)
+    attr.requires_grad_()
+    grad_out = torch.randn(x.shape[0], conv.problem.dim_out, dtype=x.dtype)
+    results, counts = [], []
+    for m in (matrix, matrix.clone().requires_grad_()):
+        out = streamed_conv(_call(conv), x, attr, hidden, m * 1.0, dst, src, chunk_edges=4)
+        with OpCounter() as ops:
+            results.append(torch.autograd.grad(out, attr, grad_out)[0])
+        counts.append(ops.counts)
+    assert counts[0] == counts[1]
+    assert torch.equal(results[0], results[1])
+
+
 def test_gradcheck_and_gradgradcheck_fp64():
     conv = _conv(in1="2x0e+1x1o", in2="1x0e+1x1o")  # small: gradgradcheck's cost grows with every size
     x, attr, hidden, matrix, dst, src = _inputs(conv, num_nodes=3, num_edges=5, hidden_dim=2)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import torch
 
+from .gradients import wanted
+
 # Default budget for one chunk's W: 2**26 elements (256 MiB in fp32). Measured on an H100 (MACE-MP-0-medium size,
 # 8000 atoms, fp32; benchmarks/edge_stream_h100.md): every chunk re-launches the convolution's sequence and its
 # backward, so larger chunks run faster: 427 ms at the old 2**24 budget (~13,000 edges a chunk), 193 ms at 65,536
@@ -73,7 +75,8 @@ class _StreamedConv(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, edge_attr, hidden, matrix, edge_dst, edge_src = ctx.saved_tensors
-        needs = ctx.needs_input_grad[2:6]
+        # wanted: forces with trainable radial weights skip the matrix's gradient (a product over all edges)
+        needs = tuple(wanted(ctx, i, t) for i, t in enumerate((x, edge_attr, hidden, matrix), start=2))
         grads = _backward(ctx.conv, ctx.chunk_edges, grad_out, x, edge_attr, hidden, matrix, edge_dst, edge_src,
                           needs, create_graph=torch.is_grad_enabled())
         return (None, None, *grads, None, None)
