@@ -1,9 +1,9 @@
 """Benchmark of ``exact_mm`` (3xTF32 tensor-core fp32 product, ops.split_matmul) against torch.mm on MACE's radial
-MLP last-layer products, on the GPU:
+MLP last-layer products (hidden width H = --hidden, 64 by default), on the GPU:
 
-    forward      [E, 64] @ [64, N]
-    input_grad   [E, N] @ [N, 64]     (B the transposed view of the [64, N] weight)
-    weight_grad  [64, E] @ [E, N]     (A the transposed view of an [E, 64] tensor)
+    forward      [E, H] @ [H, N]
+    input_grad   [E, N] @ [N, H]     (B the transposed view of the [H, N] weight)
+    weight_grad  [H, E] @ [E, N]     (A the transposed view of an [E, H] tensor)
 
 for E in --edges and N in --widths: median ms (L2 flushed before each call) of torch.mm fp32 (allow_tf32 off),
 torch.mm TF32 (reference only: not accurate enough) and exact_mm; each one's error vs the float64 product
@@ -41,14 +41,14 @@ SWEEP = {  # the first of each: the previous choice (before issue 18); round_lo=
 }
 
 
-def operands(case: str, edges: int, width: int, seed: int = 0):
+def operands(case: str, edges: int, width: int, seed: int = 0, hidden: int = 64):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda")  # noqa: E731
     if case == "forward":
-        return rnd(edges, 64), rnd(64, width)
+        return rnd(edges, hidden), rnd(hidden, width)
     if case == "input_grad":
-        return rnd(edges, width), rnd(64, width).t()
-    return rnd(edges, 64).t(), rnd(edges, width)
+        return rnd(edges, width), rnd(hidden, width).t()
+    return rnd(edges, hidden).t(), rnd(edges, width)
 
 
 def max_rel_err(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: int = 1 << 16) -> float:
@@ -77,6 +77,7 @@ def main(argv=None):
     p.add_argument("--widths", type=int, nargs="+", default=[512, 1280])
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--hidden", type=int, default=64, help="the radial MLP's hidden width (MACE 64, NequIP OAM-L 128)")
     p.add_argument("--sweep", action="store_true")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -89,7 +90,7 @@ def main(argv=None):
     for edges in args.edges:
         for width in args.widths:
             for case in args.cases:
-                a, b = operands(case, edges, width)
+                a, b = operands(case, edges, width, hidden=args.hidden)
                 m, k = a.shape
                 n = b.shape[1]
                 row = dict(case=case, edges=edges, width=width, m=m, k=k, n=n,
