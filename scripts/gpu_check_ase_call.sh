@@ -7,13 +7,8 @@
 #
 #   OUT=/path CELLS="5 10" bash scripts/gpu_check_ase_call.sh
 set -uo pipefail
-OUT=${OUT:-$PWD/gpu_check_ase_call_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
-: >"$OUT/summary.txt"
-source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
-skip_oeq_build
-source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # gpu_check_start; stage NAME STATUS; status
+gpu_check_start gpu_check_ase_call || exit 1
 if [[ -z ${SKIP_TESTS:-} ]]; then
   (cd tests && timeout 240 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
     test_irreps_linear.py test_split_matmul.py test_mace_accelerate.py test_cuda_graphs.py') >"$OUT/gpu_tests_mace.log" 2>&1

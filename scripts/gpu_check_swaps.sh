@@ -7,13 +7,8 @@
 #
 #   OUT=/path bash scripts/gpu_check_swaps.sh
 set -uo pipefail
-OUT=${OUT:-$PWD/gpu_check_swaps_out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
-: >"$OUT/summary.txt"
-source "$(dirname "${BASH_SOURCE[0]}")/device_env.sh" || exit 1
-skip_oeq_build
-source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # stage NAME STATUS; status
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"  # gpu_check_start; stage NAME STATUS; status
+gpu_check_start gpu_check_swaps || exit 1
 (cd tests && timeout 200 bash -c 'py_nequip -m pytest -m gpu -q -rfEs -p no:cacheprovider test_spherical_harmonics.py \
   test_irreps_linear.py test_gate_layer.py test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1
 stage gpu_tests_nequip $?

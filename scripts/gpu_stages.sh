@@ -6,3 +6,15 @@ stage() {
   echo "$1: $([[ $2 -eq 0 ]] && echo PASSED || echo "FAILED ($2)")" | tee -a "$OUT/summary.txt"
   [[ $2 -eq 0 ]] || status=1
 }
+
+# `gpu_check_start NAME` (from the repository root): the common start of a device check script. $OUT (default
+# ./NAME_out) made and its summary.txt emptied, the device environments set up (device_env.sh), OpenEquivariance's
+# JIT build skipped, kernels cached under $MLIP_ACCEL_CACHE_DIR.
+gpu_check_start() {
+  OUT=${OUT:-$PWD/$1_out}
+  mkdir -p "$OUT"
+  export PYTHONUNBUFFERED=1 MLIP_ACCEL_CACHE_DIR=${MLIP_ACCEL_CACHE_DIR:-/tmp/mlip_accel_cache}
+  : >"$OUT/summary.txt"
+  source scripts/device_env.sh || return 1
+  skip_oeq_build
+}
