@@ -69,7 +69,7 @@ def test_block_size_picks_the_strategy(monkeypatch):
     from mlip_accel.testing.op_count import OpCounter
 
     plain, fast = _pair("16x1o", "8x1o", dtype=torch.float32)
-    x = torch.randn(50, plain.irreps_in.dim)
+    x = torch.randn(50, plain.irreps_in.dim, dtype=torch.float32)  # whatever the default dtype (nequip sets it)
     for threshold, op in ((50 * 16 * 3, "mm"), (50 * 16 * 3 + 1, "bmm")):
         monkeypatch.setattr(ops, "GEMM_MIN_ELEMENTS", threshold)
         with OpCounter() as counted:
