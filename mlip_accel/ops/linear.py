@@ -6,9 +6,9 @@ tensor (``narrow``'s backward) and adds them up: per block one fill and one full
 8000 atoms: ~3 ms of an MD step, benchmarks/profile_md_evaluator_10c_shapes_h100.md). Here:
 
 * the path weights are folded into the (small) weight vector once per call (``weight * scale``);
-* each instruction is one matrix product: for a large block a tall one over a transposed copy of its input block
-  (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight matrix broadcast over
-  the nodes: no copy); the output blocks are joined by one ``cat``;
+* each instruction is one matrix product: for a large block a tall one over a transposed copy of its input
+  block (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight
+  matrix broadcast over the nodes: no copy); the output blocks are joined by one ``cat``;
 * the backward is the transposed map, built the same way (one ``cat`` for the whole input gradient), and the
   weight gradient one product per instruction, computed only when asked for.
 

@@ -70,7 +70,7 @@ class _ExactMM(torch.autograd.Function):
         a, b = ctx.saved_tensors
         # wanted: forces with trainable radial weights (MD on a model fresh from training, or any calculator that
         # leaves requires_grad on) skip the weight gradient, a [64, E] @ [E, n] product (MACE-MP-0 medium at 8000
-        # atoms: ~6 ms of a 67 ms ASE call, benchmarks/profile_ase_call_10c_h100.md)
+        # atoms: ~6 ms of a 67 ms ASE call, benchmarks/profile_ase_call_10c_before_h100.md)
         ga = _ExactMM.apply(grad, b.t(), ctx.kernel) if wanted(ctx, 0, a) else None
         gb = _ExactMM.apply(a.t(), grad, ctx.kernel) if wanted(ctx, 1, b) else None
         return ga, gb, None
