@@ -202,3 +202,23 @@ def test_double_backward_with_reused_layouts_equals_the_reference():
         got = torch.ops.mlip_accel.conv_double_backward(x, y, w, gz, *gg, dst, src, *orders, key, "cuda")
     for a, b in zip(got, want):
         assert rel_err(a, b) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.int64])
+def test_float_kernels_refuse_other_dtypes_before_any_launch(dtype):
+    """Every float kernel family's runtime names its dtype through one check: float32 and float64 by name, anything
+    else a TypeError naming the family, raised before a program is generated."""
+    from mlip_accel.problem.spherical_harmonics import SHProblem
+    from mlip_accel.runtime import activation, element_linear, spherical_harmonics
+    from mlip_accel.runtime.launch_plan import float_dtype_name
+
+    assert float_dtype_name(torch.float32, "silu") == "float32" and float_dtype_name(torch.float64, "x") == "float64"
+    with pytest.raises(TypeError, match=rf"^the silu kernels take float32 or float64, got {dtype}$"):
+        float_dtype_name(dtype, "silu")
+    z = torch.zeros(4, dtype=dtype)
+    with pytest.raises(TypeError, match=r"^the silu kernels take float32 or float64"):
+        activation.silu_grad2(z, z, z)
+    with pytest.raises(TypeError, match=r"^the element-linear kernels take float32 or float64"):
+        element_linear.kernel_for(2, 3, 4, dtype)
+    with pytest.raises(TypeError, match=r"^the spherical-harmonics kernels take float32 or float64"):
+        spherical_harmonics.forward(SHProblem((0, 1), True, "component"), torch.zeros(5, 3, dtype=dtype))

@@ -5,14 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..codegen.activation import silu_program
-from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
-
+from .launch_plan import float_dtype_name, launch, written
 
 
 def _program(z: torch.Tensor):
-    if z.dtype not in FLOAT_DTYPE_NAMES:
-        raise TypeError(f"the silu kernels take float32 or float64, got {z.dtype}")
-    return silu_program(FLOAT_DTYPE_NAMES[z.dtype])
+    return silu_program(float_dtype_name(z.dtype, "silu"))
 
 
 def silu_grad2(z: torch.Tensor, gy: torch.Tensor, ggz: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ import torch
 from ..codegen.element_linear import (ElementLinearSpec, ElementWeightGradSpec, generate_element_linear,
                                       generate_element_weight_grad)
 from ..codegen.launch_plan import GeneratedKernel
-from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
+from .launch_plan import float_dtype_name, launch, written
 
 _KERNELS: dict[ElementLinearSpec | ElementWeightGradSpec, GeneratedKernel] = {}
 SPLIT_ROWS = 1024  # rows (node components) per split of an element's weight-gradient sum, at least
@@ -15,9 +15,7 @@ SPLIT_SCRATCH = 1 << 23  # elements of the [splits, E, U, V] partial sums, at mo
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    if dtype not in FLOAT_DTYPE_NAMES:
-        raise TypeError(f"the element-linear kernels take float32 or float64, got {dtype}")
-    return FLOAT_DTYPE_NAMES[dtype]
+    return float_dtype_name(dtype, "element-linear")
 
 
 def kernel_for(rows: int, inner: int, cols: int, dtype: torch.dtype) -> GeneratedKernel:

@@ -29,6 +29,13 @@ _ELEMENT_TYPES = {dt: name for name, dt in TORCH_DTYPES.items()}
 FLOAT_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}  # the float kernels' dtypes, by name
 
 
+def float_dtype_name(dtype: torch.dtype, kernels: str) -> str:
+    """``dtype``'s name for a float kernel family (``kernels``, e.g. "silu"); TypeError for any other dtype."""
+    if dtype not in FLOAT_DTYPE_NAMES:
+        raise TypeError(f"the {kernels} kernels take float32 or float64, got {dtype}")
+    return FLOAT_DTYPE_NAMES[dtype]
+
+
 _MARSHAL: dict[int, tuple] = {}  # id(plan) -> (plan, rows, argument names): a plan's arguments read once
 
 

@@ -8,7 +8,6 @@ from ..codegen.radial_basis import radial_basis_program
 from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
 
 
-
 def _values(lengths, weights, prefactor, r_max, p) -> tuple:
     if lengths.dtype not in FLOAT_DTYPE_NAMES or lengths.dim() != 1:
         raise ValueError(f"lengths must be a float32/float64 vector, got {lengths.dtype} {tuple(lengths.shape)}")

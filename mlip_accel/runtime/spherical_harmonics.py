@@ -6,16 +6,14 @@ import torch
 
 from ..codegen.spherical_harmonics import sh_program
 from ..problem.spherical_harmonics import SHProblem
-from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
-
+from .launch_plan import float_dtype_name, launch, written
 
 
 def _program(problem: SHProblem, vectors: torch.Tensor):
-    if vectors.dtype not in FLOAT_DTYPE_NAMES:
-        raise TypeError(f"the spherical-harmonics kernels take float32 or float64 vectors, got {vectors.dtype}")
+    name = float_dtype_name(vectors.dtype, "spherical-harmonics")
     if vectors.dim() != 2 or vectors.shape[1] != 3:
         raise ValueError(f"vectors must be [n, 3], got {tuple(vectors.shape)}")
-    return sh_program(problem, FLOAT_DTYPE_NAMES[vectors.dtype])
+    return sh_program(problem, name)
 
 
 def forward(problem: SHProblem, vectors: torch.Tensor) -> torch.Tensor:

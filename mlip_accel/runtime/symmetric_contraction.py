@@ -10,19 +10,18 @@ import torch
 from ..codegen.launch_plan import GeneratedKernel
 from ..codegen.symmetric_contraction import SymconSpec, chunking, generate_symmetric_contraction
 from ..problem.symmetric_contraction import SymmetricContractionProblem
-from .launch_plan import FLOAT_DTYPE_NAMES, launch, written
+from .launch_plan import float_dtype_name, launch, written
 from .validation import check_symcon
 
 _KERNELS: dict[tuple[str, str, str], GeneratedKernel] = {}
 
 
 def kernel_for(problem: SymmetricContractionProblem, dtype: torch.dtype, direction: str) -> GeneratedKernel:
-    if dtype not in FLOAT_DTYPE_NAMES:
-        raise TypeError(f"the symmetric-contraction kernels take float32 or float64, got {dtype}")
-    key = (problem.key, FLOAT_DTYPE_NAMES[dtype], direction)
+    name = float_dtype_name(dtype, "symmetric-contraction")
+    key = (problem.key, name, direction)
     hit = _KERNELS.get(key)
     if hit is None:
-        hit = _KERNELS[key] = generate_symmetric_contraction(SymconSpec(problem, FLOAT_DTYPE_NAMES[dtype], direction))
+        hit = _KERNELS[key] = generate_symmetric_contraction(SymconSpec(problem, name, direction))
     return hit
 
 
