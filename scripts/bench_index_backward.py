@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlip_accel from this tree
 
-from mlip_accel.testing.timing import wall_times  # noqa: E402
+from mlip_accel.testing.timing import cuda_graph, wall_times  # noqa: E402
 
 
 def _variants():
@@ -58,15 +58,7 @@ def _capture_check(device) -> str:
     grad = torch.randn(158_000, 3, device=device)
     eager = torch.autograd.grad(gather_rows(src, index), src, grad)[0]
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                torch.autograd.grad(gather_rows(src, index), src, grad)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = torch.autograd.grad(gather_rows(src, index), src, grad)[0]
+        graph, (out,) = cuda_graph(lambda: torch.autograd.grad(gather_rows(src, index), src, grad), device)
         graph.replay()
         torch.cuda.synchronize()
         return "ok, bitwise equal to eager" if torch.equal(out, eager) else "ok, differs from eager"

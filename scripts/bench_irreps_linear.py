@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from mlip_accel.testing import dtype_of  # noqa: E402
-from mlip_accel.testing.timing import L2Flusher, time_cuda  # noqa: E402
+from mlip_accel.testing.timing import L2Flusher, cuda_graph, time_cuda  # noqa: E402
 
 STRATEGIES = {"batched": 10 ** 18, "tall": 0}  # GEMM_MIN_ELEMENTS forcing each
 
@@ -41,20 +41,9 @@ def linears(model) -> dict:
 
 
 def graphed(fn, device):
-    """``fn`` captured as a CUDA graph, its replay returned: GPU time without the host's launch time (what a
-    graphed MD step pays, and what an eager step pays where it is bound by the GPU). On a CPU: ``fn``."""
-    if device.type != "cuda":
-        return fn
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+    """``fn``'s CUDA-graph replay: GPU time without the host's launch time (what a graphed MD step pays, and what
+    an eager step pays where it is bound by the GPU). On a CPU: ``fn``."""
+    return cuda_graph(fn, device)[0].replay if device.type == "cuda" else fn
 
 
 def main(argv=None) -> None:

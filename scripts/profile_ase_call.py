@@ -27,7 +27,6 @@ import pstats
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
@@ -36,20 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from mlip_accel.testing.timing import wall_times  # noqa: E402
+
 MOVE = 0.02
 
 
 def _median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+    return 1000 * statistics.median(wall_times(fn, "cuda", min_reps=reps, max_reps=reps, warmup=3))
 
 
 class Labelled:

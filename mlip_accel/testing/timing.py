@@ -115,6 +115,22 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def cuda_graph(fn: Callable[[], object], device, warmup: int = 2) -> tuple:
+    """``(graph, output)``: ``fn()`` captured as a CUDA graph on ``device`` after ``warmup`` calls on a side stream
+    (lazy initialisation, kernel compilation); ``graph.replay()`` reruns it into ``output``. Replays cost GPU time
+    without the host's launch time."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = fn()
+    return graph, output
+
+
 def wall_times(fn: Callable[[], object], device="cpu", *, min_reps: int = 3, max_reps: int = 30,
                min_seconds: float = 0.0, warmup: int = 0, sync: bool = True) -> list[float]:
     """Host wall times in seconds of ``fn()``: ``warmup`` untimed calls, then timed calls until at least
