@@ -64,6 +64,17 @@ _BREAK_EVEN_ANCHORS = (
 )
 
 
+def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
+    """``calls`` calls of ``step()`` on a side stream, as ``torch.cuda.graph`` asks before a capture (lazy
+    initialisation and kernel compilation happen outside the graph); the current stream waits for them."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(calls):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
 def break_even_edges(small, large, headroom: float = 1.1) -> float:
     """Padded edge count where the graphed step costs what the eager step does: the gain (eager - graphed) on
     a straight line through the two anchors ``(real edges, eager ms, graphed ms)``, times the headroom."""
@@ -324,14 +335,8 @@ class GraphCache:
         """(graph, its output tensors, device bytes it added): ``step`` warmed up and captured on ``device``
         (the CUDA-only part of a capture; tests replace it to check the cache's bookkeeping on a CPU)."""
         before = torch.cuda.memory_allocated(device)
-        # Warm-up on a side stream, as torch.cuda.graph asks: it also validates the inputs (index ranges,
-        # which the ops skip while capturing) and compiles kernels before the capture.
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                step()
-        torch.cuda.current_stream(device).wait_stream(side)
+        # the warm-up also validates the inputs (index ranges, which the ops skip while capturing)
+        warm_up(step, device, WARMUP_CALLS)
         if self._tensors.fingerprint() != self._fingerprint:
             raise RuntimeError("the model edits its own parameters or buffers when it runs")
         with torch.no_grad():
@@ -485,4 +490,4 @@ class StepEvaluator:
 
 
 __all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay", "StepEvaluator",
-           "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs"]
+           "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs", "warm_up"]

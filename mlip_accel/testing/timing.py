@@ -119,12 +119,9 @@ def cuda_graph(fn: Callable[[], object], device, warmup: int = 2) -> tuple:
     """``(graph, output)``: ``fn()`` captured as a CUDA graph on ``device`` after ``warmup`` calls on a side stream
     (lazy initialisation, kernel compilation); ``graph.replay()`` reruns it into ``output``. Replays cost GPU time
     without the host's launch time."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
+    from ..integrations.cuda_graphs import warm_up
+
+    warm_up(fn, device, warmup)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         output = fn()
