@@ -222,6 +222,14 @@ def test_radial_basis_kernels_compile_with_nvrtc(dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_radial_table_kernels_compile_with_nvrtc(dtype, arch):
+    from mlip_accel.codegen.radial_table import radial_table_program
+
+    _assert_program_compiles(radial_table_program(37, dtype), arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_md_update_kernels_compile_with_nvrtc(arch):
     from mlip_accel.codegen.md_update import KERNELS, md_update_program
 

@@ -1,0 +1,44 @@
+"""CUDA source and launch plans of a tabulated radial network (templates/radial_table.cu): the table's value per
+edge (forward) and the lengths' gradient (backward). One program per number of outputs and dtype; the table,
+``r_max`` and the interval count are arguments, so a rebuilt table (new weights) never leaves a stale constant
+in a compiled kernel."""
+from __future__ import annotations
+
+import functools
+
+from .emit import template
+from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
+from .sequence import Program
+
+FAMILY = "radial_table"
+DTYPES = ("float32", "float64")
+BLOCK_THREADS = 128
+_SUFFIX = {"float32": "f32", "float64": "f64"}
+
+
+@functools.lru_cache(maxsize=None)
+def radial_table_program(outputs: int, dtype: str) -> Program:
+    """The program of a table of ``outputs`` columns in ``dtype``: plans ``(forward, backward)``."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if not isinstance(outputs, int) or outputs < 1:
+        raise ValueError(f"outputs must be a positive integer, got {outputs!r}")
+    t = POINTER_TYPES[dtype]
+    grid = GridRule(items="num_edges", threads_per_item=32, block_threads=BLOCK_THREADS)  # a warp per edge
+    tuning = (("block_threads", BLOCK_THREADS),)
+    common = (Argument("coeffs", f"const {t}*", "input", f"[intervals, 4, {outputs}] row-major"),
+              Argument("r_max", f"const {t}*", "input", "[1]"),
+              Argument("lengths", f"const {t}*", "input", "[num_edges]"),
+              Argument("order", "const long long*", "input", "[num_edges]: a permutation of the edges"))
+    scalars = (Argument("intervals", "long long", "scalar"), Argument("num_edges", "long long", "scalar"))
+    name = f"mla_radial_table_{outputs}_{_SUFFIX[dtype]}"
+    forward = LaunchPlan(FAMILY, f"{name}_fwd", (*common, Argument(
+        "out", f"{t}*", "output", f"[num_edges, {outputs}] row-major"), *scalars), grid, tuning=tuning)
+    backward = LaunchPlan(FAMILY, f"{name}_bwd", (*common, Argument(
+        "grad_out", f"const {t}*", "input", f"[num_edges, {outputs}] row-major"), Argument(
+        "grad_lengths", f"{t}*", "output", "[num_edges]"), *scalars), grid, tuning=tuning)
+    source = template("radial_table.cu").substitute(
+        dtype=dtype, outputs=outputs, prelude=template("prelude.cuh").substitute(scalar=t),
+        block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,
+        forward_parameters=forward.parameters(), backward_parameters=backward.parameters())
+    return Program(name, source, (forward, backward))

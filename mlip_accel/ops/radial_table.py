@@ -1,0 +1,194 @@
+"""A radial network tabulated by edge length, checked to be as accurate as the network run in the model's dtype.
+
+A convolution's per-edge weights ``W = MLP(embedding(r))`` depend on the edge length ``r`` alone (when the
+radial network reads nothing else). :func:`build_table` tabulates ``r -> W`` on ``[0, r_max]`` as cubic Hermite
+polynomials through the exact values and derivatives (evaluated in float64 at the knots, the derivatives by
+forward-mode autograd), then checks the table where a cubic Hermite interpolant errs most (the middle of each
+interval for values, ``t = 1/2 -+ 1/(2 sqrt 3)`` for derivatives) against the float64 network, next to the same
+network evaluated in the lookup dtype (what the model computes without the table). The table is accepted only
+when its largest error, relative to each output's scale, is at most ``ACCURACY_FACTOR`` times the network's own
+rounding error in that dtype (values and derivatives alike); the intervals are doubled until it is, up to
+``MAX_INTERVALS``, else :class:`TableRefused` says why.
+
+:func:`table_lookup` (``[E] lengths -> [E, n]``) is one memory-bound pass instead of the network's products; its
+backward (forces) is ``sum_j grad W_j dW_j/dr``, one more pass. Anything else (the network's parameter gradients,
+a second derivative) is taken through the exact network (``exact``, recomputed from the lengths in that
+backward), so training and Hessians get the network's own derivatives, never the table's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ..reference import radial_table as reference
+from . import backends
+from .gradients import wanted
+
+FIRST_INTERVALS = 128
+MAX_INTERVALS = 4096
+ACCURACY_FACTOR = 2.0
+# Relative error floors (the accepted error is never asked below these): a network whose float32 evaluation
+# happens to be nearly exact at the check points does not force the table to beat float32 rounding.
+FLOORS = {torch.float32: (2.0 ** -22, 2.0 ** -20), torch.float64: (2.0 ** -50, 2.0 ** -48)}
+_CHECK_T = (0.5 - 0.5 / math.sqrt(3.0), 0.5, 0.5 + 0.5 / math.sqrt(3.0))
+
+
+class TableRefused(ValueError):
+    """The network could not be tabulated to its own accuracy (the exact network then runs)."""
+
+
+@dataclasses.dataclass
+class RadialTable:
+    coeffs: Tensor  # [intervals, 4, n] in the lookup dtype (reference.radial_table)
+    r_max: float
+    value_error: float  # the table's largest relative error at the check points (values)
+    derivative_error: float  # the same for d/dr
+    network_value_error: float  # the network's own error in the lookup dtype, same points
+    network_derivative_error: float
+
+    @property
+    def r_max_tensor(self) -> Tensor:
+        """``r_max`` as a one-element tensor beside the coefficients (what the kernels read)."""
+        cached = self.__dict__.get("_r_max_tensor")
+        if cached is None:
+            cached = self.__dict__["_r_max_tensor"] = torch.tensor([self.r_max], dtype=self.coeffs.dtype,
+                                                                   device=self.coeffs.device)
+        return cached
+
+    @property
+    def intervals(self) -> int:
+        return self.coeffs.shape[0]
+
+    @property
+    def outputs(self) -> int:
+        return self.coeffs.shape[2]
+
+    def describe(self) -> str:
+        return (f"{self.intervals} intervals x {self.outputs} outputs on [0, {self.r_max:g}]: error "
+                f"{self.value_error:.1e} (values) / {self.derivative_error:.1e} (d/dr), the network's own "
+                f"{self.network_value_error:.1e} / {self.network_derivative_error:.1e}")
+
+
+def _values_and_derivatives(fn: Callable[[Tensor], Tensor], r: Tensor) -> tuple[Tensor, Tensor]:
+    with torch.enable_grad():
+        return torch.func.jvp(fn, (r,), (torch.ones_like(r),))
+
+
+def _relative(err: Tensor, scale: Tensor) -> float:
+    return float((err.abs() / scale).max()) if err.numel() else 0.0
+
+
+def _coefficients(network, intervals: int, h: float, device) -> Tensor:
+    """``[intervals, 4, n]`` float64: Hermite cubics through the knots' values and derivatives, except the first
+    interval. Radial embeddings divide by r (``sin(w r) / r``): their derivative near r = 0 cancels
+    catastrophically, so the first interval's cubic is fixed by values only there: the value at (just above) 0
+    and at h / 2, the value and derivative at h (C1 with the next interval)."""
+    knots = torch.arange(intervals + 1, dtype=torch.float64, device=device) * h
+    knots[0] = h * 1e-6  # the value differs from the limit at 0 by O(r^2)
+    v, d = _values_and_derivatives(network, knots)
+    coeffs = reference.hermite_coefficients(v, d, h)
+    with torch.no_grad():
+        mid = network(torch.tensor([0.5 * h], dtype=torch.float64, device=device))[0]
+    a, b, c = v[1] - v[0], h * d[1], mid - v[0]
+    c3 = 2 * b - 6 * a + 8 * c
+    c2 = b - a - 2 * c3
+    coeffs[0] = torch.stack((v[0], a - c2 - c3, c2, c3))
+    return coeffs
+
+
+def build_table(network: Callable[[Tensor], Tensor], r_max: float, dtype: torch.dtype, device,
+                first_intervals: int = FIRST_INTERVALS, max_intervals: int = MAX_INTERVALS) -> RadialTable:
+    """Tabulate ``network`` (``r [m] -> W [m, n]`` in the dtype of ``r``, plain differentiable torch operations)
+    on ``[0, r_max]`` for lookups in ``dtype``; :class:`TableRefused` when no table up to ``max_intervals``
+    intervals is as accurate as ``network`` evaluated in ``dtype``."""
+    r_max = float(r_max)
+    if not (math.isfinite(r_max) and r_max > 0):
+        raise TableRefused(f"r_max must be a positive number, got {r_max}")
+    floor_v, floor_d = FLOORS[dtype]
+    intervals = first_intervals
+    last = None
+    while intervals <= max_intervals:
+        h = r_max / intervals
+        coeffs = _coefficients(network, intervals, h, device).to(dtype)
+        t = torch.tensor(_CHECK_T, dtype=torch.float64, device=device)
+        points = ((torch.arange(intervals, dtype=torch.float64, device=device).unsqueeze(-1) + t) * h).reshape(-1)
+        exact_v, exact_d = _values_and_derivatives(network, points)
+        own_v, own_d = _values_and_derivatives(network, points.to(dtype))
+        table_v = reference.lookup(coeffs, points.to(dtype), r_max)
+        table_d = reference.lookup_derivative(coeffs, points.to(dtype), r_max)
+        scale_v = exact_v.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
+        scale_d = exact_d.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
+        errs = (_relative(table_v.double() - exact_v, scale_v), _relative(table_d.double() - exact_d, scale_d),
+                _relative(own_v.double() - exact_v, scale_v), _relative(own_d.double() - exact_d, scale_d))
+        if not all(math.isfinite(e) for e in errs):
+            raise TableRefused("the network is not finite on [0, r_max]")
+        last = RadialTable(coeffs, r_max, *errs)
+        if errs[0] <= max(ACCURACY_FACTOR * errs[2], floor_v) and errs[1] <= max(ACCURACY_FACTOR * errs[3], floor_d):
+            return last
+        intervals *= 2
+    raise TableRefused(f"{max_intervals} intervals are not enough for the network's own accuracy "
+                       f"({last.describe() if last is not None else 'no table'})")
+
+
+def _runtime():
+    from ..runtime import radial_table as runtime  # imports no CuPy until a kernel is launched
+    return runtime
+
+
+class _TableLookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, lengths, table, kernel, exact, *params):
+        ctx.table, ctx.kernel, ctx.exact = table, kernel, exact
+        ctx.order = None
+        if kernel:
+            # warps take the edges sorted by length: neighbouring warps then read one interval's coefficients
+            ctx.order = torch.argsort(lengths)
+            out = _runtime().forward(table.coeffs, table.r_max_tensor, lengths, ctx.order)
+        else:
+            out = reference.lookup(table.coeffs, lengths, table.r_max)
+        ctx.save_for_backward(lengths, *params)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        lengths, *params = ctx.saved_tensors
+        table = ctx.table
+        want_params = [wanted(ctx, 4 + k, p) for k, p in enumerate(params)]
+        want_r = wanted(ctx, 0, lengths)
+        if torch.is_grad_enabled() or any(want_params):
+            # a second derivative to come, or the network's parameter gradients: the exact network's own
+            create_graph = torch.is_grad_enabled()
+            with torch.enable_grad():
+                # recorded for a second derivative: the lengths themselves, so that it reaches what they came from
+                r = lengths if create_graph else lengths.detach().requires_grad_(want_r)
+                out = ctx.exact(r)
+                inputs = ([r] if want_r else []) + [p for p, w in zip(params, want_params) if w]
+                grads = list(torch.autograd.grad(out, inputs, grad_out, create_graph=create_graph,
+                                                 allow_unused=True))
+            grad_r = grads.pop(0) if want_r else None
+            grad_params = [grads.pop(0) if w else None for w in want_params]
+            return (grad_r, None, None, None, *grad_params)
+        grad_r = None
+        if want_r:
+            if ctx.kernel and backends.plain_tensors(lengths, grad_out):
+                grad_r = _runtime().backward(table.coeffs, table.r_max_tensor, lengths, ctx.order, grad_out)
+            else:
+                grad_r = reference.lookup_backward(table.coeffs, lengths, table.r_max, grad_out)
+        return (grad_r, None, None, None, *([None] * len(params)))
+
+
+def table_lookup(table: RadialTable, lengths: Tensor, exact: Callable[[Tensor], Tensor], params=(),
+                 backend: str = "auto") -> Tensor:
+    """``[E] -> [E, n]``: the tabulated network at ``lengths``. ``exact(lengths)`` is the network itself, in the
+    lengths' dtype, reading ``params`` (its trainable tensors): the backward takes their gradients, and any
+    second derivative, through it."""
+    if lengths.dim() != 1 or lengths.dtype != table.coeffs.dtype or lengths.device != table.coeffs.device:
+        raise ValueError(f"lengths must be a {table.coeffs.dtype} vector on {table.coeffs.device}, got "
+                         f"{lengths.dtype} {tuple(lengths.shape)} on {lengths.device}")
+    kernel = (backends.resolve(backend, lengths.device) == "cuda" and not torch.compiler.is_compiling()
+              and backends.plain_tensors(lengths))
+    return _TableLookup.apply(lengths, table, kernel, exact, *params)

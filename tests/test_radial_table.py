@@ -1,0 +1,196 @@
+"""A radial network tabulated by edge length (codegen/reference/runtime/ops ``radial_table``): the table's
+accuracy check and refusal, the lookup and its derivative against the network, the exact backward for parameter
+gradients and second derivatives, the emulated kernels (NaN-poisoned outputs), and in MACE (patches/mace/radial.py)
+the option, eval-only use, rebuild after a weight change and energy/forces/stress against the untabulated model."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import cuda_emulator
+from mlip_accel.codegen.launch_plan import LaunchPlan
+from mlip_accel.codegen.radial_table import radial_table_program
+from mlip_accel.ops import radial_table as ops
+from mlip_accel.reference import radial_basis as embedding
+from mlip_accel.reference import radial_table as reference
+from mlip_accel.testing import rel_err
+
+emulated_only = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
+R_MAX = 5.0
+
+
+def _weights(outputs=37, hidden=(16, 16), num_basis=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dims = (num_basis, *hidden, outputs)
+    return [torch.randn(a, b, generator=g, dtype=torch.float64) / math.sqrt(a) for a, b in zip(dims, dims[1:])]
+
+
+def _network(weights, num_basis=8, r_max=R_MAX):
+    freqs = torch.arange(1, num_basis + 1, dtype=torch.float64) * math.pi / r_max
+
+    def net(r):
+        dt = r.dtype
+        x = embedding.radial_basis(r, freqs.to(dt), torch.tensor(math.sqrt(2 / r_max), dtype=dt),
+                                   torch.tensor(r_max, dtype=dt), torch.tensor(5.0, dtype=dt))
+        for k, w in enumerate(weights):
+            x = x @ w.to(dt)
+            if k < len(weights) - 1:
+                x = torch.nn.functional.silu(x)
+        return x
+    return net
+
+
+def _lengths(n, dtype, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (0.2 + (R_MAX + 0.8) * torch.rand(n, generator=g, dtype=torch.float64)).to(dtype)  # some beyond r_max
+
+
+def test_hermite_coefficients_reproduce_a_cubic_exactly():
+    h, knots = 0.25, torch.arange(9, dtype=torch.float64) * 0.25
+    f = lambda r: torch.stack((2 * r ** 3 - r + 1, -r ** 2), -1)  # noqa: E731
+    d = lambda r: torch.stack((6 * r ** 2 - 1, -2 * r), -1)  # noqa: E731
+    coeffs = reference.hermite_coefficients(f(knots), d(knots), h)
+    r = torch.linspace(0, 2.0, 57, dtype=torch.float64)
+    assert rel_err(reference.lookup(coeffs, r, 2.0), f(r)) <= 1e-14
+    assert rel_err(reference.lookup_derivative(coeffs, r, 2.0), d(r)) <= 1e-13
+
+
+def test_float32_table_is_as_accurate_as_the_network_in_float32():
+    net = _network(_weights())
+    table = ops.build_table(net, R_MAX, torch.float32, "cpu")
+    assert table.value_error <= max(ops.ACCURACY_FACTOR * table.network_value_error, ops.FLOORS[torch.float32][0])
+    assert table.derivative_error <= max(ops.ACCURACY_FACTOR * table.network_derivative_error,
+                                         ops.FLOORS[torch.float32][1])
+    # at fresh lengths (inside and beyond r_max) against the float64 network: float32-rounding-sized errors
+    r = _lengths(500, torch.float64)
+    exact = net(r)
+    got = reference.lookup(table.coeffs, r.float(), R_MAX).double()
+    assert rel_err(got, exact) <= 1e-6
+    own = net(r.float()).double()
+    assert rel_err(got, exact) <= 4 * max(rel_err(own, exact), 1e-7)
+
+
+def test_float64_and_rough_networks_are_refused_with_the_reason():
+    with pytest.raises(ops.TableRefused, match="not enough"):
+        ops.build_table(_network(_weights()), R_MAX, torch.float64, "cpu", max_intervals=256)
+    rough = lambda r: torch.sin(400.0 * r).unsqueeze(-1) * torch.ones(1, 3, dtype=r.dtype)  # noqa: E731
+    with pytest.raises(ops.TableRefused, match="not enough"):
+        ops.build_table(rough, R_MAX, torch.float32, "cpu", max_intervals=256)
+    with pytest.raises(ops.TableRefused, match="not finite"):
+        ops.build_table(lambda r: torch.log(r - 2.0).unsqueeze(-1), R_MAX, torch.float32, "cpu")
+    with pytest.raises(ops.TableRefused, match="r_max"):
+        ops.build_table(_network(_weights()), float("nan"), torch.float32, "cpu")
+
+
+def _table_and_params(dtype=torch.float32):
+    weights = [w.to(dtype).requires_grad_() for w in _weights()]
+    net64 = _network([w.detach() for w in weights])
+    table = ops.build_table(net64, R_MAX, dtype, "cpu")
+    exact = _network(weights)
+    return table, weights, exact
+
+
+def test_forces_use_the_table_derivative_and_parameters_the_exact_network():
+    table, weights, exact = _table_and_params()
+    r = _lengths(300, torch.float32).requires_grad_()
+    out = ops.table_lookup(table, r, exact, weights)
+    g = torch.randn_like(out)
+    (gr,) = torch.autograd.grad(out, r, g, retain_graph=True)
+    want = torch.autograd.grad(exact(r), r, g)[0]
+    assert rel_err(gr, want) <= 1e-4  # the table's derivative vs the float32 network's, both ~1e-5 from exact
+    # parameter gradients (training) come from the network itself
+    got = torch.autograd.grad(out, weights, g)
+    want = torch.autograd.grad(exact(r), weights, g)
+    assert all(rel_err(a, b) <= 1e-6 for a, b in zip(got, want))
+
+
+def test_second_derivatives_come_from_the_network():
+    table, weights, exact = _table_and_params()
+    r = _lengths(50, torch.float32).requires_grad_()
+    (gr,) = torch.autograd.grad(ops.table_lookup(table, r, exact, weights).sum(), r, create_graph=True)
+    (ggr,) = torch.autograd.grad(gr.sum(), r)
+    (want_gr,) = torch.autograd.grad(exact(r).sum(), r, create_graph=True)
+    (want_ggr,) = torch.autograd.grad(want_gr.sum(), r)
+    assert rel_err(ggr, want_ggr) <= 1e-6
+
+
+def test_lookup_checks_its_inputs():
+    table, weights, exact = _table_and_params()
+    with pytest.raises(ValueError, match="vector"):
+        ops.table_lookup(table, torch.ones(3, 1), exact, weights)
+    with pytest.raises(ValueError, match="float32"):
+        ops.table_lookup(table, torch.ones(3, dtype=torch.float64), exact, weights)
+
+
+def test_nan_lengths_give_nan_and_lengths_beyond_r_max_the_constant():
+    table, weights, exact = _table_and_params()
+    r = torch.tensor([float("nan"), R_MAX, R_MAX + 1.0, 1e9])
+    out = reference.lookup(table.coeffs, r, R_MAX)
+    assert torch.isnan(out[0]).all() and torch.equal(out[2], out[1]) and torch.equal(out[3], out[1])
+    assert torch.equal(reference.lookup_derivative(table.coeffs, r, R_MAX)[2:], torch.zeros(2, table.outputs))
+
+
+def test_program_states_the_launch_contract():
+    program = radial_table_program(37, "float32")
+    for plan in program.plans:
+        assert LaunchPlan.from_json(plan.to_json()) == plan and f"{plan.kernel}(" in program.source
+    with pytest.raises(ValueError):
+        radial_table_program(0, "float32")
+    with pytest.raises(ValueError):
+        radial_table_program(3, "float16")
+
+
+@emulated_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_emulated_kernels_equal_the_torch_lookup(emulated, dtype):
+    from mlip_accel.runtime import radial_table as runtime
+
+    coeffs = torch.randn(16, 4, 37, dtype=dtype)
+    r_max = torch.tensor([R_MAX], dtype=dtype)
+    r = torch.cat([_lengths(70, dtype), torch.tensor([float("nan"), 0.0, R_MAX], dtype=dtype)])
+    order = torch.argsort(r)
+    out = runtime.forward(coeffs, r_max, r, order)
+    want = reference.lookup(coeffs, r, R_MAX)
+    assert torch.isnan(out[70]).all()
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    keep = torch.arange(len(r)) != 70
+    assert rel_err(out[keep], want[keep]) <= tol
+    g = torch.randn(len(r), 37, dtype=dtype)
+    gr = runtime.backward(coeffs, r_max, r[keep], torch.argsort(r[keep]), g[keep])
+    assert rel_err(gr, reference.lookup_backward(coeffs, r[keep], R_MAX, g[keep])) <= tol
+
+
+@emulated_only
+def test_autograd_runs_the_kernels(emulated):
+    table, weights, exact = _table_and_params()
+    r = _lengths(40, torch.float32).requires_grad_()
+    before = len(emulated.launches)
+    out = ops._TableLookup.apply(r, table, True, exact, *weights)
+    (gr,) = torch.autograd.grad(out.square().sum(), r)
+    assert len(emulated.launches) == before + 2  # forward and the lengths' gradient
+    plain = ops._TableLookup.apply(r, table, False, exact, *weights)
+    assert rel_err(out, plain) <= 1e-6
+    assert rel_err(gr, torch.autograd.grad(plain.square().sum(), r)[0]) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_kernels_equal_the_torch_lookup(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from mlip_accel.runtime import debug
+    from mlip_accel.runtime import radial_table as runtime
+
+    coeffs = torch.randn(512, 4, 1312, dtype=dtype, device="cuda")
+    r_max = torch.tensor([R_MAX], dtype=dtype, device="cuda")
+    r = _lengths(20_000, dtype).cuda()
+    order = torch.argsort(r)
+    g = torch.randn(len(r), 1312, dtype=dtype, device="cuda")
+    with debug.poison():
+        out = runtime.forward(coeffs, r_max, r, order)
+        gr = runtime.backward(coeffs, r_max, r, order, g)
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    assert rel_err(out, reference.lookup(coeffs, r, R_MAX)) <= tol
+    assert rel_err(gr, reference.lookup_backward(coeffs, r, R_MAX, g)) <= tol
