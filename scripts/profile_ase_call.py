@@ -15,6 +15,11 @@ Then the ASE calls' host time by Python function (cProfile), three neighbour lis
 three ASE calls under torch.profiler: operations by GPU time and by host time, all into
 ``--out/profile_ase_call_<cells>c.md``.
 
+With ``--radial-table off`` the MACE blocks' radial MLPs run as networks instead of tables (ops.radial_table;
+"auto", the default, tabulates them on CUDA in float32); ``--compare-table`` adds, per size, the ASE call with
+the tables off and the forces' relative difference between the two (and, up to 1000 atoms, of each against the
+e3nn model cast to float64) to the table; ``--no-profile`` skips the profiles.
+
     python scripts/profile_ase_call.py --cells 5 10 --out DIR
 """
 from __future__ import annotations
@@ -74,11 +79,21 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[5, 10])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--radial-table", choices=["auto", "off"], default="auto")
+    parser.add_argument("--compare-table", action="store_true")
+    parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     device = torch.device("cuda")
     base = bench_md.build_mace(torch.float32)
-    potential = potential_from_model(bench_md.variant("mace", "mlip_accel", base, device), device=device)
+
+    def accelerated(table: str):
+        model = bench_md.variant("mace", "mlip_accel", base, device)
+        _set_radial_table(model, table)
+        return potential_from_model(model, device=device)
+
+    potential = accelerated(args.radial_table)
+    untabulated = accelerated("off") if args.compare_table else None
     try:
         symx = symmetrix_calculator(base, "float32", tempfile.mkdtemp(prefix="profile_ase_call_"))
     except Exception as err:
@@ -135,12 +150,21 @@ def main(argv=None) -> None:
                 return atoms_s.get_forces()
 
             rows.append(("Symmetrix-XL ASE call", _median_ms(symx_call, args.reps)))
+        if untabulated is not None:
+            rows += _table_comparison(calc, untabulated, base, pos, cell, pbc, moved, args.reps, graph.num_nodes)
         head = (f"# The full ASE call and its parts: MACE-MP-0-medium size, carbon-{cells}c ({graph.num_nodes} atoms, "
                 f"{graph.num_edges} edges), fp32, {torch.cuda.get_device_name()}")
         lines = [head, "", f"graphs: {calc.cuda_graphs}, list on the GPU: {calc.neighbor_list.on_gpu}, "
                  f"edge capacity {calc.edge_capacity}", "", "| part | median ms |", "|---|---|"]
-        lines += [f"| {name} | {ms:.2f} |" for name, ms in rows]
+        lines += [f"| {name} | {ms:.2e} |" if "not ms" in name else f"| {name} | {ms:.2f} |" for name, ms in rows]
         print("\n".join(lines), flush=True)
+        if args.no_profile:
+            with open(os.path.join(args.out, f"profile_ase_call_{cells}c.md"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+            calc.evaluator.release()
+            del calc, atoms
+            torch.cuda.empty_cache()
+            continue
 
         profiler = cProfile.Profile()
         profiler.enable()
@@ -177,6 +201,50 @@ def main(argv=None) -> None:
         calc.evaluator.wrapped.release()
         del calc, atoms
         torch.cuda.empty_cache()
+
+
+def _set_radial_table(model, table: str) -> None:
+    from mlip_accel.patches.mace.radial import FoldedRadialMLP
+
+    for module in model.modules():
+        if isinstance(module, FoldedRadialMLP):
+            module.table = "auto" if table == "auto" else False
+
+
+def _table_comparison(calc, untabulated, base, pos, cell, pbc, moved, reps, atoms_count) -> list:
+    """Rows: the ASE call with the radial tables off, and the forces' relative differences."""
+    import copy
+
+    from bench_md_sweep import ase_atoms
+
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+    from mlip_accel.testing import rel_err
+
+    other = AcceleratedCalculator(untabulated, neighbor_skin=0.0)
+    atoms_o = ase_atoms(pos, cell, pbc)
+    atoms_o.calc = other
+
+    def other_call():
+        atoms_o.positions = moved()
+        return atoms_o.get_forces()
+
+    rows = [("ASE call, radial tables off", _median_ms(other_call, reps))]
+    atoms_a, atoms_b = ase_atoms(pos, cell, pbc), ase_atoms(pos, cell, pbc)
+    atoms_a.calc, atoms_b.calc = calc, other
+    fa, fb = (torch.as_tensor(a.get_forces()) for a in (atoms_a, atoms_b))
+    rows.append(("forces: tables vs tables off, relative difference (not ms)", rel_err(fa, fb)))
+    if atoms_count <= 1000:
+        from mlip_accel.integrations.potentials import potential_from_model
+
+        ref = AcceleratedCalculator(potential_from_model(copy.deepcopy(base).double().cuda().eval(),
+                                                         device=torch.device("cuda")), neighbor_skin=0.0)
+        atoms_r = ase_atoms(pos, cell, pbc)
+        atoms_r.calc = ref
+        fr = torch.as_tensor(atoms_r.get_forces())
+        rows += [("forces: tables vs e3nn cast to fp64 (not ms)", rel_err(fa, fr)),
+                 ("forces: tables off vs e3nn cast to fp64 (not ms)", rel_err(fb, fr))]
+    other.evaluator.release()
+    return rows
 
 
 if __name__ == "__main__":

@@ -202,8 +202,10 @@ def _probe_plain(model, blocks, batch):
 
 
 def _accelerate_models(models, backend: str, deterministic: bool, check: bool, stream_edges: bool = False,
-                       stream_chunk_edges=None) -> None:
+                       stream_chunk_edges=None, radial_table="auto") -> None:
     check_options(deterministic, backend, check)
+    if radial_table not in mace_radial.TABLE_OPTIONS:
+        raise ValueError(f"radial_table must be one of {mace_radial.TABLE_OPTIONS}, got {radial_table!r}")
     check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)
@@ -223,7 +225,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             undo.append(lambda contractions=contractions: mace_symmetric.uninstall(contractions))
             skip_undo = mace_skip.install(skips, backend)
             undo.append(lambda skip_undo=skip_undo: mace_skip.uninstall(skip_undo))
-            folded = mace_radial.install(radials, backend)  # the blocks not streamed
+            folded = mace_radial.install(radials, backend, radial_table)  # the blocks not streamed
             undo.append(lambda folded=folded: mace_radial.uninstall(folded))
             leaves = leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
             leaf_swaps.apply(leaves)
@@ -239,8 +241,14 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
 
 
 def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True,
-               stream_edges: bool = False, stream_chunk_edges: int | None = None):
+               stream_edges: bool = False, stream_chunk_edges: int | None = None, radial_table="auto"):
     """Swap the fused convolution into a MACE model, or into every model of a ``MACECalculator``, in place.
+
+    ``radial_table`` ("auto", True, False): inference (eval mode) reads each block's radial MLP from a table by
+    edge length (ops.radial_table: built from the model's weights in float64 and accepted only when as accurate
+    as the MLP run in the model's dtype; rebuilt when the weights change; training, parameter gradients and
+    second derivatives always run the MLP itself). "auto": on CUDA in float32; True: wherever it is accurate
+    enough (float64 never is); False: never.
 
     ``stream_edges=True`` also streams the radial MLP's last layer into the convolution (per-edge weights
     never stored, :mod:`.stream`; off by default until the fused GPU kernel is measured: docs/edge-streaming.md);
@@ -258,14 +266,15 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
         if getattr(obj, "_uses_accelerated_backend", False):
             raise NotAcceleratable("this MACECalculator was created with enable_cueq/enable_oeq; create it "
                                    "without them to use mlip_accel")
-        _accelerate_models(list(obj.models), backend, deterministic, check, stream_edges, stream_chunk_edges)
+        _accelerate_models(list(obj.models), backend, deterministic, check, stream_edges, stream_chunk_edges,
+                           radial_table)
         return obj
     if _scripted_mace(obj):
         raise NotAcceleratable("this MACE model is TorchScript-compiled (a *_compiled.model file); its "
                                "convolution cannot be swapped: load the .model file it was compiled from")
     if not claims(obj):
         raise NotAcceleratable(f"not a MACE model or MACECalculator: {_type_name(obj)}")
-    _accelerate_models([obj], backend, deterministic, check, stream_edges, stream_chunk_edges)
+    _accelerate_models([obj], backend, deterministic, check, stream_edges, stream_chunk_edges, radial_table)
     return obj
 
 

@@ -17,11 +17,21 @@ values unchanged. Scriptable (a ``Sequential`` of small layers), like the module
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ...ops.activation import silu as fused_silu
+from ...ops.radial_table import TableRefused, build_table, table_lookup
 from ...ops.split_matmul import exact_mm
+from ...reference import radial_basis as reference_embedding
 from ..common import originals_in
+
+TABLE_OPTIONS = ("auto", True, False)
+# The attribute FusedRadialEmbedding (radial_embedding.py) sets on the edge features it returns: (the edge
+# lengths, the embedding module). MACE hands those features to every interaction block's radial MLP but not
+# the lengths; a tabulated MLP needs the lengths.
+LENGTHS_ATTRIBUTE = "_mlip_accel_radial_source"
 
 
 class _FoldedLayer(torch.nn.Module):
@@ -86,19 +96,96 @@ class FoldedRadialMLP(torch.nn.Sequential):
     __jit_unused_properties__ = ["original"]
     __jit_ignored_attributes__ = ["_original"]
 
-    def __init__(self, original: torch.nn.Module, backend: str = "auto"):
+    def __init__(self, original: torch.nn.Module, backend: str = "auto", table="auto"):
         layers = _foldable(original)
         if layers is None:
             raise ValueError(f"not an e3nn FullyConnectedNet of silu hidden layers: {type(original).__name__}")
+        if table not in TABLE_OPTIONS:
+            raise ValueError(f"radial_table must be one of {TABLE_OPTIONS}, got {table!r}")
         super().__init__()
         for i, (weight, scale, silu) in enumerate(layers):
             self.add_module(f"layer{i}", _FoldedLayer(weight, scale, silu, backend))
         self.hs = list(getattr(original, "hs", []))
+        self.backend = backend
+        self.table = table
         self._original = (original,)  # outside the module tree: restore() puts it back
+        self._table_cache = (None, None)  # (key, RadialTable or TableRefused): not state, not pickled
 
     @property
     def original(self) -> torch.nn.Module:
         return self._original[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            for layer in self:
+                x = layer(x)
+            return x
+        return self._forward(x)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_table_cache"] = (None, None)
+        return state
+
+    @torch.jit.unused
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        source = getattr(x, LENGTHS_ATTRIBUTE, None)
+        if source is not None and self._table_applies(x):
+            lengths, embedding = source
+            table = self._table(embedding, x)
+            if table is not None:
+                exact = lambda r: self._exact(embedding, r)  # noqa: E731
+                out = table_lookup(table, lengths.reshape(-1), exact, [layer.weight for layer in self],
+                                   self.backend)
+                return out.reshape(*x.shape[:-1], out.shape[-1])
+        for layer in self:
+            x = layer(x)
+        return x
+
+    def _table_applies(self, x: torch.Tensor) -> bool:
+        """The table serves inference (eval mode); "auto" only on CUDA in float32 (float64 stays exact: no table
+        matches its rounding)."""
+        if self.table is False or self.training or torch.compiler.is_compiling():
+            return False
+        return self.table is True or (x.is_cuda and x.dtype == torch.float32)
+
+    def _network(self, embedding, r: torch.Tensor) -> torch.Tensor:
+        """The embedding and this MLP in plain torch operations, in ``r``'s dtype: what the table is built from."""
+        dt = r.dtype
+        bessel, cutoff = embedding.bessel_fn, embedding.cutoff_fn
+        x = reference_embedding.radial_basis(r, bessel.bessel_weights.detach().to(dt), bessel.prefactor.to(dt),
+                                             cutoff.r_max.to(dt), cutoff.p.to(dt))
+        for layer in self:
+            x = x @ (layer.weight.detach().to(dt) * layer.scale)
+            if layer.silu:
+                x = torch.nn.functional.silu(x)
+        return x
+
+    def _exact(self, embedding, r: torch.Tensor) -> torch.Tensor:
+        """The network as the model runs it (differentiable): the table's backward for parameter gradients and
+        second derivatives."""
+        x = embedding(r.unsqueeze(-1), None, None, None)[0]
+        for layer in self:
+            x = layer(x)
+        return x
+
+    def _table(self, embedding, x: torch.Tensor):
+        tensors = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,
+                   embedding.cutoff_fn.p] + [layer.weight for layer in self]
+        # a table stays valid while no tensor it was made from changed: the optimizer's and load_state_dict's
+        # in-place updates bump _version
+        key = (x.dtype, x.device, tuple((t.data_ptr(), t._version) for t in tensors))
+        cached_key, cached = self._table_cache
+        if cached_key != key:
+            try:
+                cached = build_table(lambda r: self._network(embedding, r), float(embedding.cutoff_fn.r_max),
+                                     x.dtype, x.device)
+            except TableRefused as refusal:
+                warnings.warn(f"mlip_accel: the radial MLP is not tabulated, it runs exactly: {refusal}",
+                              stacklevel=3)
+                cached = refusal
+            self._table_cache = (key, cached)
+        return None if isinstance(cached, TableRefused) else cached
 
 
 def candidates(model) -> list:
@@ -106,15 +193,16 @@ def candidates(model) -> list:
     return [b for b in getattr(model, "interactions", []) if hasattr(b, "conv_tp_weights")]
 
 
-def install(blocks, backend: str = "auto") -> list:
+def install(blocks, backend: str = "auto", table="auto") -> list:
     """Fold each block's radial MLP where it is e3nn's (a streamed block holds another module: left alone);
-    ``backend`` runs silu's derivatives (ops.activation); undo records for :func:`uninstall`."""
+    ``backend`` runs silu's derivatives (ops.activation), ``table`` says where it is tabulated (FoldedRadialMLP);
+    undo records for :func:`uninstall`."""
     undo = []
     for block in blocks:
         radial = block.conv_tp_weights
         if _foldable(radial) is None:
             continue
-        fast = FoldedRadialMLP(radial, backend)
+        fast = FoldedRadialMLP(radial, backend, table)
         fast.train(radial.training)
         undo.append((block, radial))
         block.conv_tp_weights = fast

@@ -10,6 +10,7 @@ import torch
 
 from ...modules.e3nn_api import ReadsLikeOriginal
 from ...ops.radial_basis import radial_basis
+from .radial import LENGTHS_ATTRIBUTE
 from ..submodules import LeafSwap, apply, undo  # noqa: F401  (the adapter applies and undoes through this module)
 
 
@@ -44,7 +45,11 @@ class FusedRadialEmbedding(ReadsLikeOriginal, torch.nn.Module):
         lengths = edge_lengths.reshape(-1)
         p = self.cutoff_fn.p.to(lengths.dtype)
         out = radial_basis(lengths, weights, self.bessel_fn.prefactor, self.cutoff_fn.r_max, p, self.backend)
-        return out.reshape(*edge_lengths.shape[:-1], out.shape[-1]), None
+        out = out.reshape(*edge_lengths.shape[:-1], out.shape[-1])
+        # the lengths travel with the features to the blocks' radial MLPs, which may read a table by length
+        # instead (radial.FoldedRadialMLP); the attribute dies with this call's tensor
+        setattr(out, LENGTHS_ATTRIBUTE, (edge_lengths, self))
+        return out, None
 
     def __prepare_scriptable__(self):  # torch.jit.script calls this first, on every submodule
         from ...modules.e3nn_api import SCRIPT_MESSAGE

@@ -1,0 +1,138 @@
+"""MACE's radial MLPs read from a table by edge length (ops.radial_table via patches/mace/radial.py): the
+``radial_table`` option of accelerate(), the table used in eval mode only and never in float64 under "auto",
+energy/forces/stress against the untabulated accelerated model and e3nn's float64 model, parameter gradients
+through the exact MLP, a rebuilt table after the weights change, state_dict unchanged, and on the GPU the kernels
+under the default option."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("mace")
+
+import mlip_accel  # noqa: E402
+from mlip_accel.patches.mace.radial import FoldedRadialMLP  # noqa: E402
+from mlip_accel.testing import rel_err  # noqa: E402
+
+from mace_fixtures import batch_for, emt_structures, evaluate, tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.mace
+
+
+def _accelerated(table, dtype=torch.float32, device="cpu"):
+    model = tiny_model(dtype=dtype).to(device)
+    mlip_accel.accelerate(model, radial_table=table)
+    return model.eval()
+
+
+def _radials(model):
+    return [b.conv_tp_weights for b in model.interactions if isinstance(b.conv_tp_weights, FoldedRadialMLP)]
+
+
+def _calls_tabulated(model, batch, monkeypatch):
+    """Evaluate ``model`` and count the blocks that read the table."""
+    from mlip_accel.ops import radial_table
+
+    calls = []
+    real = radial_table.table_lookup
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr("mlip_accel.patches.mace.radial.table_lookup", counting)
+    return evaluate(model, batch), len(calls)
+
+
+def test_the_option_is_checked():
+    with pytest.raises(ValueError, match="radial_table"):
+        mlip_accel.accelerate(tiny_model(dtype=torch.float32), radial_table="yes")
+
+
+def test_tabulated_float32_model_matches_the_exact_one(monkeypatch):
+    structures = emt_structures(2)
+    exact = _accelerated(False)
+    tabulated = _accelerated(True)
+    assert tabulated.state_dict().keys() == exact.state_dict().keys()
+    assert all(torch.equal(tabulated.state_dict()[k], v) for k, v in exact.state_dict().items())
+    batch = batch_for(exact, structures)
+    want, none = _calls_tabulated(exact, batch, monkeypatch)
+    got, calls = _calls_tabulated(tabulated, batch, monkeypatch)
+    assert none == 0 and calls == len(_radials(tabulated)) == 2
+    for key in ("energy", "forces", "stress"):
+        assert rel_err(got[key], want[key]) <= 2e-5, key
+    # against the float64 model: as close as the untabulated float32 model is
+    ref = tiny_model(dtype=torch.float64).eval()
+    ref64 = evaluate(ref, batch_for(ref, structures))
+    for key in ("energy", "forces"):
+        assert rel_err(got[key].double(), ref64[key]) <= 3 * max(rel_err(want[key].double(), ref64[key]), 1e-6)
+    for radial in _radials(tabulated):
+        table = radial._table_cache[1]
+        assert isinstance(table, mlip_accel.ops.radial_table.RadialTable), table
+
+
+def test_auto_leaves_cpu_and_float64_exact_and_training_never_tabulates(monkeypatch):
+    structures = emt_structures(1)
+    for model in (_accelerated("auto"), _accelerated(True, dtype=torch.float64)):
+        _, calls = _calls_tabulated(model, batch_for(model, structures), monkeypatch)
+        if next(model.parameters()).dtype == torch.float64:
+            # asked for, but no table matches float64 rounding: refused with a warning, the MLP runs
+            assert all(isinstance(r._table_cache[1], (type(None), ValueError)) for r in _radials(model))
+        else:
+            assert calls == 0
+    model = _accelerated(True).train()
+    _, calls = _calls_tabulated(model, batch_for(model, structures), monkeypatch)
+    assert calls == 0
+
+
+def test_parameter_gradients_in_eval_mode_are_the_mlps_own():
+    structures = emt_structures(1)
+    exact, tabulated = _accelerated(False), _accelerated(True)
+    grads = []
+    for model in (exact, tabulated):
+        batch = batch_for(model, structures)
+        out = model({k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}, training=False,
+                    compute_force=False)
+        radial = list(model.interactions[1].conv_tp_weights.parameters())
+        grads.append(torch.autograd.grad(out["energy"].sum(), radial))
+    assert all(rel_err(a, b) <= 1e-5 for a, b in zip(*grads))
+
+
+def test_a_weight_change_rebuilds_the_table():
+    structures = emt_structures(1)
+    model = _accelerated(True)
+    batch = batch_for(model, structures)
+    evaluate(model, batch)
+    radial = _radials(model)[0]
+    first = radial._table_cache[1]
+    with torch.no_grad():
+        radial.layer1.weight.mul_(1.5)  # in place, as an optimizer step or load_state_dict
+    got = evaluate(model, batch)
+    assert radial._table_cache[1] is not first
+    exact = copy.deepcopy(model)
+    for r in _radials(exact):
+        r.table = False
+    want = evaluate(exact, batch)
+    assert rel_err(got["forces"], want["forces"]) <= 2e-5
+
+
+def test_pickled_model_drops_the_table():
+    model = _accelerated(True)
+    evaluate(model, batch_for(model, emt_structures(1)))
+    clone = copy.deepcopy(model)
+    assert all(r._table_cache == (None, None) for r in _radials(clone))
+
+
+@pytest.mark.gpu
+def test_auto_tabulates_on_the_gpu_and_matches_the_exact_model(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    structures = emt_structures(2)
+    exact, tabulated = _accelerated(False, device="cuda"), _accelerated("auto", device="cuda")
+    batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch_for(exact, structures).items()}
+    want, _ = _calls_tabulated(exact, batch, monkeypatch)
+    got, calls = _calls_tabulated(tabulated, batch, monkeypatch)
+    assert calls == 2
+    for key in ("energy", "forces", "stress"):
+        assert rel_err(got[key], want[key]) <= 2e-5, key
