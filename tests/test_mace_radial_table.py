@@ -68,7 +68,7 @@ def test_tabulated_float32_model_matches_the_exact_one(monkeypatch):
     for key in ("energy", "forces"):
         assert rel_err(got[key].double(), ref64[key]) <= 3 * max(rel_err(want[key].double(), ref64[key]), 1e-6)
     for radial in _radials(tabulated):
-        table = radial._table_cache[1]
+        table = radial.tables.entry
         assert isinstance(table, mlip_accel.ops.radial_table.RadialTable), table
 
 
@@ -78,7 +78,7 @@ def test_auto_leaves_cpu_and_float64_exact_and_training_never_tabulates(monkeypa
         _, calls = _calls_tabulated(model, batch_for(model, structures), monkeypatch)
         if next(model.parameters()).dtype == torch.float64:
             # asked for, but no table matches float64 rounding: refused with a warning, the MLP runs
-            assert all(isinstance(r._table_cache[1], (type(None), ValueError)) for r in _radials(model))
+            assert all(isinstance(r.tables.entry, (type(None), ValueError)) for r in _radials(model))
         else:
             assert calls == 0
     model = _accelerated(True).train()
@@ -105,11 +105,11 @@ def test_a_weight_change_rebuilds_the_table():
     batch = batch_for(model, structures)
     evaluate(model, batch)
     radial = _radials(model)[0]
-    first = radial._table_cache[1]
+    first = radial.tables.entry
     with torch.no_grad():
         radial.layer1.weight.mul_(1.5)  # in place, as an optimizer step or load_state_dict
     got = evaluate(model, batch)
-    assert radial._table_cache[1] is not first
+    assert radial.tables.entry is not first
     exact = copy.deepcopy(model)
     for r in _radials(exact):
         r.table = False
@@ -121,7 +121,7 @@ def test_pickled_model_drops_the_table():
     model = _accelerated(True)
     evaluate(model, batch_for(model, emt_structures(1)))
     clone = copy.deepcopy(model)
-    assert all(r._table_cache == (None, None) for r in _radials(clone))
+    assert all(r.tables.entry is None for r in _radials(clone))
 
 
 @pytest.mark.gpu

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Callable
 
 import torch
@@ -132,6 +133,56 @@ def build_table(network: Callable[[Tensor], Tensor], r_max: float, dtype: torch.
         intervals *= 2
     raise TableRefused(f"{max_intervals} intervals are not enough for the network's own accuracy "
                        f"({last.describe() if last is not None else 'no table'})")
+
+
+TABLE_OPTIONS = ("auto", True, False)
+
+
+def check_table_option(option) -> None:
+    if not any(option is o or (isinstance(option, str) and option == o) for o in TABLE_OPTIONS):
+        raise ValueError(f"radial_table must be one of {TABLE_OPTIONS}, got {option!r}")
+
+
+def table_applies(option, training: bool, x: Tensor) -> bool:
+    """Whether a radial network asked to tabulate with ``option`` reads its table for input ``x``: inference only
+    (not in training mode); "auto" on CUDA in float32 (float64 stays exact: no table matches its rounding), True
+    wherever the table is accurate enough, False never."""
+    if option is False or training or torch.compiler.is_compiling():
+        return False
+    return option is True or (x.is_cuda and x.dtype == torch.float32)
+
+
+class TableCache:
+    """The table of one radial network, rebuilt when a tensor it was made from changes (the optimizer's and
+    ``load_state_dict``'s in-place updates bump ``_version``); a refusal is kept too (warned once, not retried).
+    Not state: a copy or pickle of its module starts empty."""
+
+    def __init__(self):
+        self._key, self._entry = None, None
+
+    def __getstate__(self):
+        return {"_key": None, "_entry": None}
+
+    def __deepcopy__(self, memo):
+        return TableCache()
+
+    @property
+    def entry(self):
+        """The last table built (or the refusal), None before the first."""
+        return self._entry
+
+    def get(self, network: Callable[[Tensor], Tensor], sources, r_max: float, dtype, device, what: str):
+        """The table of ``network`` on ``[0, r_max]`` for ``dtype`` on ``device``, or None where it was refused;
+        ``sources``: every tensor the network reads."""
+        key = (dtype, device, float(r_max), tuple((t.data_ptr(), t._version) for t in sources))
+        if key != self._key:
+            try:
+                self._entry = build_table(network, r_max, dtype, device)
+            except TableRefused as refusal:
+                warnings.warn(f"mlip_accel: {what} is not tabulated, it runs as a network: {refusal}", stacklevel=4)
+                self._entry = refusal
+            self._key = key
+        return None if isinstance(self._entry, TableRefused) else self._entry
 
 
 def _runtime():

@@ -11,6 +11,7 @@ import torch
 
 from ...errors import NotAcceleratable, ParityCheckFailed
 from ...graph import EdgeSortCache
+from ...ops.radial_table import check_table_option
 from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
@@ -204,8 +205,7 @@ def _probe_plain(model, blocks, batch):
 def _accelerate_models(models, backend: str, deterministic: bool, check: bool, stream_edges: bool = False,
                        stream_chunk_edges=None, radial_table="auto") -> None:
     check_options(deterministic, backend, check)
-    if radial_table not in mace_radial.TABLE_OPTIONS:
-        raise ValueError(f"radial_table must be one of {mace_radial.TABLE_OPTIONS}, got {radial_table!r}")
+    check_table_option(radial_table)
     check_stream_option(stream_edges, stream_chunk_edges)
     for model in models:
         check_not_inference(model)

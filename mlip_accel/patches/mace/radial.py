@@ -17,17 +17,14 @@ values unchanged. Scriptable (a ``Sequential`` of small layers), like the module
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from ...ops.activation import silu as fused_silu
-from ...ops.radial_table import TableRefused, build_table, table_lookup
+from ...ops.radial_table import TableCache, check_table_option, table_applies, table_lookup
 from ...ops.split_matmul import exact_mm
 from ...reference import radial_basis as reference_embedding
 from ..common import originals_in
 
-TABLE_OPTIONS = ("auto", True, False)
 # The attribute FusedRadialEmbedding (radial_embedding.py) sets on the edge features it returns: (the edge
 # lengths, the embedding module). MACE hands those features to every interaction block's radial MLP but not
 # the lengths; a tabulated MLP needs the lengths.
@@ -100,8 +97,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
         layers = _foldable(original)
         if layers is None:
             raise ValueError(f"not an e3nn FullyConnectedNet of silu hidden layers: {type(original).__name__}")
-        if table not in TABLE_OPTIONS:
-            raise ValueError(f"radial_table must be one of {TABLE_OPTIONS}, got {table!r}")
+        check_table_option(table)
         super().__init__()
         for i, (weight, scale, silu) in enumerate(layers):
             self.add_module(f"layer{i}", _FoldedLayer(weight, scale, silu, backend))
@@ -109,7 +105,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
         self.backend = backend
         self.table = table
         self._original = (original,)  # outside the module tree: restore() puts it back
-        self._table_cache = (None, None)  # (key, RadialTable or TableRefused): not state, not pickled
+        self.tables = TableCache()
 
     @property
     def original(self) -> torch.nn.Module:
@@ -122,15 +118,10 @@ class FoldedRadialMLP(torch.nn.Sequential):
             return x
         return self._forward(x)
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_table_cache"] = (None, None)
-        return state
-
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         source = getattr(x, LENGTHS_ATTRIBUTE, None)
-        if source is not None and self._table_applies(x):
+        if source is not None and table_applies(self.table, self.training, x):
             lengths, embedding = source
             table = self._table(embedding, x)
             if table is not None:
@@ -141,13 +132,6 @@ class FoldedRadialMLP(torch.nn.Sequential):
         for layer in self:
             x = layer(x)
         return x
-
-    def _table_applies(self, x: torch.Tensor) -> bool:
-        """The table serves inference (eval mode); "auto" only on CUDA in float32 (float64 stays exact: no table
-        matches its rounding)."""
-        if self.table is False or self.training or torch.compiler.is_compiling():
-            return False
-        return self.table is True or (x.is_cuda and x.dtype == torch.float32)
 
     def _network(self, embedding, r: torch.Tensor) -> torch.Tensor:
         """The embedding and this MLP in plain torch operations, in ``r``'s dtype: what the table is built from."""
@@ -170,22 +154,10 @@ class FoldedRadialMLP(torch.nn.Sequential):
         return x
 
     def _table(self, embedding, x: torch.Tensor):
-        tensors = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,
+        sources = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,
                    embedding.cutoff_fn.p] + [layer.weight for layer in self]
-        # a table stays valid while no tensor it was made from changed: the optimizer's and load_state_dict's
-        # in-place updates bump _version
-        key = (x.dtype, x.device, tuple((t.data_ptr(), t._version) for t in tensors))
-        cached_key, cached = self._table_cache
-        if cached_key != key:
-            try:
-                cached = build_table(lambda r: self._network(embedding, r), float(embedding.cutoff_fn.r_max),
-                                     x.dtype, x.device)
-            except TableRefused as refusal:
-                warnings.warn(f"mlip_accel: the radial MLP is not tabulated, it runs exactly: {refusal}",
-                              stacklevel=3)
-                cached = refusal
-            self._table_cache = (key, cached)
-        return None if isinstance(cached, TableRefused) else cached
+        return self.tables.get(lambda r: self._network(embedding, r), sources, float(embedding.cutoff_fn.r_max),
+                               x.dtype, x.device, "the radial MLP")
 
 
 def candidates(model) -> list:
