@@ -194,3 +194,24 @@ def test_gpu_kernels_equal_the_torch_lookup(dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-13
     assert rel_err(out, reference.lookup(coeffs, r, R_MAX)) <= tol
     assert rel_err(gr, reference.lookup_backward(coeffs, r, R_MAX, g)) <= tol
+
+
+def test_table_cache_reads_no_tensor_value_unless_it_builds(monkeypatch):
+    # a CUDA-graph capture fails on a host read of a device tensor: a cache hit must read only versions and addresses
+    weights = _weights()
+    net = _network(weights)
+    r_max = torch.tensor(R_MAX, dtype=torch.float64)
+    cache = ops.TableCache()
+    first = cache.get(net, weights + [r_max], r_max, torch.float32, torch.device("cpu"), "the test network")
+    assert isinstance(first, ops.RadialTable)
+
+    def no_read(*args):
+        raise AssertionError("a tensor's value was read on a cache hit")
+    for name in ("__float__", "item", "tolist", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, no_read)
+    assert cache.get(net, weights + [r_max], r_max, torch.float32, torch.device("cpu"), "the test network") is first
+    monkeypatch.undo()
+    with torch.no_grad():
+        weights[-1].mul_(2.0)  # in place: a new version, a new table
+    second = cache.get(net, weights + [r_max], r_max, torch.float32, torch.device("cpu"), "the test network")
+    assert second is not first and not torch.equal(second.coeffs, first.coeffs)

@@ -34,7 +34,7 @@ MAX_INTERVALS = 4096
 ACCURACY_FACTOR = 2.0
 # Relative error floors (the accepted error is never asked below these): a network whose float32 evaluation
 # happens to be nearly exact at the check points does not force the table to beat float32 rounding.
-FLOORS = {torch.float32: (2.0 ** -22, 2.0 ** -20), torch.float64: (2.0 ** -50, 2.0 ** -48)}
+FLOORS = {torch.float32: (2.0 ** -23, 2.0 ** -21), torch.float64: (2.0 ** -50, 2.0 ** -48)}
 _CHECK_T = (0.5 - 0.5 / math.sqrt(3.0), 0.5, 0.5 + 0.5 / math.sqrt(3.0))
 
 
@@ -79,8 +79,9 @@ def _values_and_derivatives(fn: Callable[[Tensor], Tensor], r: Tensor) -> tuple[
         return torch.func.jvp(fn, (r,), (torch.ones_like(r),))
 
 
-def _relative(err: Tensor, scale: Tensor) -> float:
-    return float((err.abs() / scale).max()) if err.numel() else 0.0
+def _relative(err: Tensor, scale: Tensor) -> Tensor:
+    """Per output: the largest error over the points relative to that output's scale."""
+    return (err.abs() / scale).amax(0)
 
 
 def _coefficients(network, intervals: int, h: float, device) -> Tensor:
@@ -123,12 +124,15 @@ def build_table(network: Callable[[Tensor], Tensor], r_max: float, dtype: torch.
         table_d = reference.lookup_derivative(coeffs, points.to(dtype), r_max)
         scale_v = exact_v.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
         scale_d = exact_d.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
-        errs = (_relative(table_v.double() - exact_v, scale_v), _relative(table_d.double() - exact_d, scale_d),
-                _relative(own_v.double() - exact_v, scale_v), _relative(own_d.double() - exact_d, scale_d))
+        table_v, table_d = _relative(table_v.double() - exact_v, scale_v), _relative(table_d.double() - exact_d, scale_d)
+        own_v, own_d = _relative(own_v.double() - exact_v, scale_v), _relative(own_d.double() - exact_d, scale_d)
+        errs = [float(e.max()) for e in (table_v, table_d, own_v, own_d)]
         if not all(math.isfinite(e) for e in errs):
             raise TableRefused("the network is not finite on [0, r_max]")
         last = RadialTable(coeffs, r_max, *errs)
-        if errs[0] <= max(ACCURACY_FACTOR * errs[2], floor_v) and errs[1] <= max(ACCURACY_FACTOR * errs[3], floor_d):
+        # output by output: a well-conditioned output (small own error) asks as much of its table
+        if bool((table_v <= torch.clamp(ACCURACY_FACTOR * own_v, min=floor_v)).all()
+                and (table_d <= torch.clamp(ACCURACY_FACTOR * own_d, min=floor_d)).all()):
             return last
         intervals *= 2
     raise TableRefused(f"{max_intervals} intervals are not enough for the network's own accuracy "
@@ -171,13 +175,18 @@ class TableCache:
         """The last table built (or the refusal), None before the first."""
         return self._entry
 
-    def get(self, network: Callable[[Tensor], Tensor], sources, r_max: float, dtype, device, what: str):
+    def get(self, network: Callable[[Tensor], Tensor], sources, r_max, dtype, device, what: str,
+            constants: tuple = ()):
         """The table of ``network`` on ``[0, r_max]`` for ``dtype`` on ``device``, or None where it was refused;
-        ``sources``: every tensor the network reads."""
-        key = (dtype, device, float(r_max), tuple((t.data_ptr(), t._version) for t in sources))
+        ``sources``: every tensor the network reads (``r_max`` too where it is a tensor), ``constants``: every other
+        number it depends on. Reads no tensor's value unless it builds: a call inside a CUDA-graph capture (or any
+        call) must not synchronise with the device."""
+        key = (dtype, device, tuple(constants), tuple((t.data_ptr(), t._version) for t in sources))
+        if not isinstance(r_max, Tensor):
+            key += (float(r_max),)
         if key != self._key:
             try:
-                self._entry = build_table(network, r_max, dtype, device)
+                self._entry = build_table(network, float(r_max), dtype, device)
             except TableRefused as refusal:
                 warnings.warn(f"mlip_accel: {what} is not tabulated, it runs as a network: {refusal}", stacklevel=4)
                 self._entry = refusal

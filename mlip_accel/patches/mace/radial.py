@@ -156,7 +156,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
     def _table(self, embedding, x: torch.Tensor):
         sources = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,
                    embedding.cutoff_fn.p] + [layer.weight for layer in self]
-        return self.tables.get(lambda r: self._network(embedding, r), sources, float(embedding.cutoff_fn.r_max),
+        return self.tables.get(lambda r: self._network(embedding, r), sources, embedding.cutoff_fn.r_max,
                                x.dtype, x.device, "the radial MLP")
 
 
