@@ -21,6 +21,16 @@ VARIANTS = [dict(runtime.WIDE), dict(runtime.NARROW), dict(runtime.SHORT), dict(
             dict(bm=128, bn=64, bk=16, warps_m=4, warps_n=2, stages=3, min_blocks=2, round_lo=True)]
 
 
+@pytest.fixture(autouse=True)
+def _float32_default():
+    """These tests are of a float32 kernel: in the NequIP environment an earlier test leaves nequip's float64 as
+    torch's default dtype, which would make every unspecified tensor here float64 (and the kernel's op fall back)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(before)
+
+
 def _compile(source: str, arch: str, name: str):
     from mlip_accel.runtime import compiler
     try:
