@@ -103,6 +103,10 @@ MODEL_INFO = {
 }
 
 
+RADIAL_TABLE = {"auto": "auto", "off": False}
+radial_table = "auto"  # mlip_accel's radial_table option (--radial-table)
+
+
 def variant(framework: str, impl: str, base, device: torch.device):
     """``base`` (a CPU model) as ``impl`` runs it, on ``device``; raises Unavailable with the reason."""
     model = copy.deepcopy(base)
@@ -119,7 +123,8 @@ def variant(framework: str, impl: str, base, device: torch.device):
         backend = "cuda" if device.type == "cuda" else "reference"
         if backend == "cuda" and mlip_accel.cuda_unavailable_reason() is not None:
             raise Unavailable(mlip_accel.cuda_unavailable_reason())
-        return mlip_accel.accelerate(model.to(device), backend=backend, deterministic=True) or model
+        return mlip_accel.accelerate(model.to(device), backend=backend, deterministic=True,
+                                     radial_table=RADIAL_TABLE[radial_table]) or model
     if device.type != "cuda":
         raise Unavailable(f"{impl} runs on CUDA only")
     try:
@@ -498,6 +503,8 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time each case at least this long")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later cases are skipped")
     parser.add_argument("--profile", action="store_true", help="profile one carbon-1k fp32 step per implementation")
+    parser.add_argument("--radial-table", choices=sorted(RADIAL_TABLE), default="auto",
+                        help="mlip_accel's radial_table option (off: the radial MLPs run as networks)")
     parser.add_argument("--out", help="output JSON file or folder of --framework (default: $OUT/ or benchmarks/)")
     parser.add_argument("--parts-dir", default=BENCH_DIR, help="--merge: where the bench_md.<framework>.json are")
     parser.add_argument("--out-dir", default=BENCH_DIR, help="--merge: where the report goes")
@@ -507,6 +514,8 @@ def main(argv=None):
         return merge(args)
     if args.framework is None:
         parser.error("give --framework mace|nequip (in that framework's environment) or --merge")
+    global radial_table
+    radial_table = args.radial_table
     # e3nn first (the reference of the error columns), then mlip_accel, then the peers: a time budget cuts the
     # least important cases
     args.impls = sorted(args.impls, key=("e3nn", "mlip_accel", "cueq", "oeq").index)

@@ -89,13 +89,19 @@ def _refuse_unless_acceleratable(model) -> None:
 
 
 def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bool = True,
-               stream_edges: bool = False, stream_chunk_edges: int | None = None):
+               stream_edges: bool = False, stream_chunk_edges: int | None = None, radial_table="auto"):
     """Swap mlip_accel's fused convolution into a NequIP model or ``NequIPCalculator``, in place.
 
     ``stream_edges=True`` also streams each interaction block's radial MLP (``edge_mlp``) into its
     convolution: the per-edge weights are made per chunk of ``stream_chunk_edges`` edges, never stored
     (:mod:`.stream`; off by default until the fused GPU kernel is measured: docs/edge-streaming.md). A block
     whose MLP is not streamable keeps the unstreamed convolution, with a warning saying why.
+
+    ``radial_table`` ("auto", True, False): inference (eval mode) reads each block's ``edge_mlp`` from a table by
+    normalised edge length (:mod:`.radial_table`, ops.radial_table: built from the weights in float64, accepted only
+    when as accurate as the MLP run in the model's dtype, rebuilt when the weights change; training, parameter
+    gradients and second derivatives run the MLP itself). "auto": on CUDA in float32; True: wherever it is
+    accurate enough (float64 never is); False: never.
 
     Returns ``obj`` itself. ``check=True`` compares the model before and after on a probe (see
     :mod:`mlip_accel.patches.nequip.probe`) and, on a mismatch, restores the original layers and
@@ -104,11 +110,13 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     """
     from . import probe
     from ..edge_stream import check_stream_option, report
+    from . import radial_table as tables
     from .stream import is_streamed, plan_streaming
     from .tp_scatter import apply, is_accelerated, plan_swaps, undo
 
     check_options(deterministic, backend, check)
     check_stream_option(stream_edges, stream_chunk_edges)
+    tables.check_table_option(radial_table)
     model = obj.model if _is_calculator(obj) else obj
     check_not_inference(model)
     _refuse_unless_acceleratable(model)
@@ -116,6 +124,7 @@ def accelerate(obj, deterministic: bool = True, backend: str = "auto", check: bo
     swaps = plan_swaps(model, deterministic=deterministic, backend=backend)
     swaps, decisions = plan_streaming(model, swaps, stream_edges, stream_chunk_edges)
     swaps += leaf_swaps.replacements(model, backend)  # e3nn's harmonics, Linear, Gate: fewer launches
+    swaps += tables.replacements(model, swaps, radial_table, backend)
     refused = [(n, w) for n, w in decisions if isinstance(w, RadialRefusal)]
     if refused:
         import warnings
