@@ -43,23 +43,35 @@ def _polynomial_cutoff(x: torch.Tensor, p: float) -> torch.Tensor:
     return out * (x < 1.0)
 
 
-class TaggedBesselEncoding(ReadsLikeOriginal, torch.nn.Module):
-    """nequip's ``BesselEdgeLengthEncoding`` (its forward, its tensors), with the normalised lengths attached to the
-    embedding it writes (:data:`NORM_LENGTH_ATTRIBUTE`: ``(x, this module)``), for the blocks' edge_mlp tables."""
+class _StandIn(ReadsLikeOriginal, torch.nn.Module):
+    """A module standing in for nequip's ``original`` (held outside the module tree, read for the attributes this
+    one lacks); not scriptable, as every accelerated module."""
 
     def __init__(self, original: torch.nn.Module):
         super().__init__()
-        self.cutoff = original.cutoff
-        weights = original.bessel_weights
-        if isinstance(weights, torch.nn.Parameter):
-            self.bessel_weights = weights
-        else:
-            self.register_buffer("bessel_weights", weights)
         self._original = (original,)
 
     @property
     def original(self) -> torch.nn.Module:
         return self._original[0]
+
+    def __prepare_scriptable__(self):
+        from ...modules.e3nn_api import SCRIPT_MESSAGE
+        raise NotImplementedError(SCRIPT_MESSAGE)
+
+
+class TaggedBesselEncoding(_StandIn):
+    """nequip's ``BesselEdgeLengthEncoding`` (its forward, its tensors), with the normalised lengths attached to the
+    embedding it writes (:data:`NORM_LENGTH_ATTRIBUTE`: ``(x, this module, factor 1)``), for the edge_mlp tables."""
+
+    def __init__(self, original: torch.nn.Module):
+        super().__init__(original)
+        self.cutoff = original.cutoff
+        weights = original.bessel_weights
+        if isinstance(weights, torch.nn.Parameter):
+            self.bessel_weights = weights
+        else:
+            self._buffers["bessel_weights"] = weights  # register_buffer would find the original's through __getattr__
 
     def forward(self, data):
         from nequip.data import AtomicDataDict
@@ -75,10 +87,6 @@ class TaggedBesselEncoding(ReadsLikeOriginal, torch.nn.Module):
         data[original.edge_invariant_field] = embedding
         return data
 
-    def __prepare_scriptable__(self):
-        from ...modules.e3nn_api import SCRIPT_MESSAGE
-        raise NotImplementedError(SCRIPT_MESSAGE)
-
 
 def _factor_fusable(module) -> bool:
     if type(module).__name__ != "ApplyFactor" or not origin_module(module).startswith("nequip."):
@@ -88,16 +96,8 @@ def _factor_fusable(module) -> bool:
     return module.in_field == module.out_field == AtomicDataDict.EDGE_EMBEDDING_KEY
 
 
-class TaggedApplyFactor(ReadsLikeOriginal, torch.nn.Module):
+class TaggedApplyFactor(_StandIn):
     """nequip's ``ApplyFactor`` on the edge embedding, passing the normalised lengths on with the factor."""
-
-    def __init__(self, original: torch.nn.Module):
-        super().__init__()
-        self._original = (original,)
-
-    @property
-    def original(self) -> torch.nn.Module:
-        return self._original[0]
 
     def forward(self, data):
         original = self.original
@@ -108,10 +108,6 @@ class TaggedApplyFactor(ReadsLikeOriginal, torch.nn.Module):
             setattr(out, NORM_LENGTH_ATTRIBUTE, (source[0], source[1], source[2] * float(original.factor)))
         data[original.out_field] = out
         return data
-
-    def __prepare_scriptable__(self):
-        from ...modules.e3nn_api import SCRIPT_MESSAGE
-        raise NotImplementedError(SCRIPT_MESSAGE)
 
 
 class TabulatedEdgeMLP(torch.nn.Module):
