@@ -112,6 +112,9 @@ def test_nequip_model_and_calculator():
            "cpu; the CUDA kernels need CUDA tensors" in text
     assert "modules : e3nn/framework modules swapped for mlip_accel's: 1 SphericalHarmonics, " in text
     assert "Linear" in report.modules and "Gate" in report.modules and plain.modules == ""
+    # float64 on the CPU: the table stand-ins are in place, no table is read
+    assert report.radial_tables.startswith("3 radial MLP(s), radial_table='auto': 3 no table yet") \
+        and "  radial  : 3 radial MLP(s)" in text and plain.radial_tables == ""
     unaccelerated = AcceleratedCalculator.from_model(F.tiny_model("float64"), device="cpu", accelerate=False)
     assert unaccelerated.describe().backends == ("e3nn",)
 

@@ -70,6 +70,10 @@ def test_tabulated_float32_model_matches_the_exact_one(monkeypatch):
     for radial in _radials(tabulated):
         table = radial.tables.entry
         assert isinstance(table, mlip_accel.ops.radial_table.RadialTable), table
+    report = mlip_accel.describe(tabulated).radial_tables
+    assert report.startswith("2 radial MLP(s), radial_table=True: ") and report.count("table of ") == 2, report
+    assert "intervals x" in report and "the network's own" in report
+    assert mlip_accel.describe(exact).radial_tables == "2 radial MLP(s), radial_table=False: 2 off"
 
 
 def test_auto_leaves_cpu_and_float64_exact_and_training_never_tabulates(monkeypatch):

@@ -46,6 +46,9 @@ class Description:
     # the smaller e3nn / framework modules accelerate() swapped beside the layers, e.g. "1 SphericalHarmonics (kernels),
     # 9 Linear, 2 Gate" (patches.leaf_swaps, MACE's radial embedding); "" when none
     modules: str = ""
+    # the radial MLPs that may read a table by edge length (ops.radial_table): the option and each table's state,
+    # e.g. "2 radial MLP(s), radial_table='auto': 2 with 1024 intervals x 512 outputs ..."; "" when none
+    radial_tables: str = ""
 
     @property
     def accelerated(self) -> bool:
@@ -80,6 +83,8 @@ class Description:
             lines.append("    (no layer that mlip_accel knows: nothing to accelerate)")
         if self.modules:
             lines.append(f"  modules : e3nn/framework modules swapped for mlip_accel's: {self.modules}")
+        if self.radial_tables:
+            lines.append(f"  radial  : {self.radial_tables}")
         lines.append(f"  CUDA    : {self.cuda}")
         return "\n".join(lines)
 
@@ -210,6 +215,33 @@ def _swapped_modules(modules) -> str:
     return ", ".join(f"{counts[name]} {name}" for name in order if name in counts)
 
 
+def _radial_tables(modules) -> str:
+    """The radial MLPs that may read a table by edge length, their ``radial_table`` option and each one's state."""
+    from ..ops.radial_table import RadialTable, TableCache
+
+    options, states = {}, {}
+    for root in modules:
+        for module in root.modules():
+            if not isinstance(module.__dict__.get("tables"), TableCache):
+                continue
+            options[repr(module.table)] = None
+            entry = module.tables.entry
+            if module.table is False:
+                state = "off"
+            elif entry is None:
+                state = "no table yet (built at the first call that reads one: inference on CUDA in float32 under 'auto')"
+            elif isinstance(entry, RadialTable):
+                state = f"table of {entry.describe()}"
+            else:
+                state = f"refused, the MLP runs: {entry}"
+            states[state] = states.get(state, 0) + 1
+    if not states:
+        return ""
+    count = sum(states.values())
+    return (f"{count} radial MLP(s), radial_table={'/'.join(options)}: "
+            + "; ".join(f"{n} {state}" for state, n in states.items()))
+
+
 def _accelerated_layer(name, kind, conv, device) -> Layer:
     implementation, reason = _implementation(conv.backend, device)
     return Layer(name, kind, implementation, conv.backend, getattr(conv, "deterministic", None), reason)
@@ -231,7 +263,7 @@ def describe(obj) -> Description:
     return Description(target=header, device=str(device) if device is not None else "unknown (no parameters)",
                        dtype=str(dtype).removeprefix("torch.") if dtype is not None else "unknown (no parameters)",
                        layers=tuple(_layers(modules, device)), cuda="available" if cuda is None else cuda,
-                       modules=_swapped_modules(modules))
+                       modules=_swapped_modules(modules), radial_tables=_radial_tables(modules))
 
 
 __all__ = ["describe", "Description", "Layer"]
