@@ -6,9 +6,10 @@ polynomials through the exact values and derivatives (evaluated in float64 at th
 forward-mode autograd), then checks the table where a cubic Hermite interpolant errs most (the middle of each
 interval for values, ``t = 1/2 -+ 1/(2 sqrt 3)`` for derivatives) against the float64 network, next to the same
 network evaluated in the lookup dtype (what the model computes without the table). The table is accepted only
-when its largest error, relative to each output's scale, is at most ``ACCURACY_FACTOR`` times the network's own
-rounding error in that dtype (values and derivatives alike); the intervals are doubled until it is, up to
-``MAX_INTERVALS``, else :class:`TableRefused` says why.
+when, output by output, its largest error relative to that output's scale is at most ``ACCURACY_FACTOR`` times
+the network's own rounding error in that dtype for that output, or ``FLOORS`` (values and derivatives alike): one
+ill-conditioned output does not license a coarse table for the others. The intervals are doubled until it is, up
+to ``MAX_INTERVALS``, else :class:`TableRefused` says why.
 
 :func:`table_lookup` (``[E] lengths -> [E, n]``) is one memory-bound pass instead of the network's products; its
 backward (forces) is ``sum_j grad W_j dW_j/dr``, one more pass. Anything else (the network's parameter gradients,

@@ -14,6 +14,10 @@ Only e3nn's ``FullyConnectedNet`` with silu hidden activations and a linear last
 RealAgnostic/Residual blocks build); MACE's RadialMLP (LayerNorm, biases), another activation, or a block whose
 radial MLP is streamed into the convolution is left as it is. Parameters are shared: ``state_dict`` keys and
 values unchanged. Scriptable (a ``Sequential`` of small layers), like the module it replaces.
+
+In inference the folded MLP may instead read a table by edge length (``radial_table``; ops.radial_table): the
+swapped radial embedding (radial_embedding.py) attaches the lengths to the features it returns
+(:data:`LENGTHS_ATTRIBUTE`), since MACE hands the blocks only the features.
 """
 from __future__ import annotations
 
@@ -113,10 +117,14 @@ class FoldedRadialMLP(torch.nn.Sequential):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
-            for layer in self:
-                x = layer(x)
-            return x
+            return self._layers_forward(x)
         return self._forward(x)
+
+    def _layers_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The folded layers themselves (no table)."""
+        for layer in self:
+            x = layer(x)
+        return x
 
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,9 +137,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
                 out = table_lookup(table, lengths.reshape(-1), exact, [layer.weight for layer in self],
                                    self.backend)
                 return out.reshape(*x.shape[:-1], out.shape[-1])
-        for layer in self:
-            x = layer(x)
-        return x
+        return self._layers_forward(x)
 
     def _network(self, embedding, r: torch.Tensor) -> torch.Tensor:
         """The embedding and this MLP in plain torch operations, in ``r``'s dtype: what the table is built from."""
@@ -148,10 +154,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
     def _exact(self, embedding, r: torch.Tensor) -> torch.Tensor:
         """The network as the model runs it (differentiable): the table's backward for parameter gradients and
         second derivatives."""
-        x = embedding(r.unsqueeze(-1), None, None, None)[0]
-        for layer in self:
-            x = layer(x)
-        return x
+        return self._layers_forward(embedding(r.unsqueeze(-1), None, None, None)[0])
 
     def _table(self, embedding, x: torch.Tensor):
         sources = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,

@@ -37,7 +37,8 @@ def _encoding_fusable(module) -> bool:
 
 
 def _polynomial_cutoff(x: torch.Tensor, p: float) -> torch.Tensor:
-    """nequip's PolynomialCutoff (nequip/nn/embedding/cutoffs.py) in plain torch operations."""
+    """nequip's PolynomialCutoff (nequip/nn/embedding/cutoffs.py) in plain torch operations: the table is built
+    (forward-mode autograd, float64) from these, whatever nequip compiled its cutoff module to."""
     out = 1.0 - ((p + 1.0) * (p + 2.0) / 2.0) * torch.pow(x, p) + p * (p + 2.0) * torch.pow(x, p + 1.0) \
         - (p * (p + 1.0) / 2) * torch.pow(x, p + 2.0)
     return out * (x < 1.0)
