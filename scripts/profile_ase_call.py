@@ -17,7 +17,9 @@ three ASE calls under torch.profiler: operations by GPU time and by host time, a
 
 With ``--radial-table off`` the MACE blocks' radial MLPs run as networks instead of tables (ops.radial_table;
 "auto", the default, tabulates them on CUDA in float32); ``--compare-table`` adds, per size, the ASE call with
-the tables off and the forces' relative difference between the two to the table; ``--no-profile`` skips the profiles.
+the tables off and the forces' relative difference between the two to the table; ``--compare-list`` adds the
+neighbour list and the ASE call with vesin's GPU list instead of mlip_accel's list kernels (the default on CUDA);
+``--no-profile`` skips the profiles.
 
     python scripts/profile_ase_call.py --cells 5 10 --out DIR
 """
@@ -80,6 +82,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--radial-table", choices=["auto", "off"], default="auto")
     parser.add_argument("--compare-table", action="store_true")
+    parser.add_argument("--compare-list", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -149,11 +152,13 @@ def main(argv=None) -> None:
                 return atoms_s.get_forces()
 
             rows.append(("Symmetrix-XL ASE call", _median_ms(symx_call, args.reps)))
+        if args.compare_list:
+            rows += _list_comparison(potential, pos, cell, pbc, moved, args.reps)
         if untabulated is not None:
             rows += _table_comparison(calc, untabulated, pos, cell, pbc, moved, args.reps)
         head = (f"# The full ASE call and its parts: MACE-MP-0-medium size, carbon-{cells}c ({graph.num_nodes} atoms, "
                 f"{graph.num_edges} edges), fp32, {torch.cuda.get_device_name()}")
-        lines = [head, "", f"graphs: {calc.cuda_graphs}, list on the GPU: {calc.neighbor_list.on_gpu}, "
+        lines = [head, "", f"graphs: {calc.cuda_graphs}, neighbour list by: {calc.neighbor_list.source}, "
                  f"edge capacity {calc.edge_capacity}", "", "| part | median ms |", "|---|---|"]
         lines += [f"| {name} | {ms:.2e} |" if "not ms" in name else f"| {name} | {ms:.2f} |" for name, ms in rows]
         print("\n".join(lines), flush=True)
@@ -208,6 +213,30 @@ def _set_radial_table(model, table: str) -> None:
     for module in model.modules():
         if isinstance(module, FoldedRadialMLP):
             module.table = "auto" if table == "auto" else False
+
+
+def _list_comparison(potential, pos, cell, pbc, moved, reps) -> list:
+    """Rows: vesin's GPU list alone and the ASE call built on it (the calculator's default on CUDA is
+    mlip_accel's list kernels)."""
+    from bench_md_sweep import ase_atoms
+
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+
+    other = AcceleratedCalculator(potential, neighbor_skin=0.0, neighbor_method="vesin")
+    atoms_o = ase_atoms(pos, cell, pbc)
+    atoms_o.calc = other
+
+    def other_call():
+        atoms_o.positions = moved()
+        return atoms_o.get_forces()
+
+    def other_list():
+        other.neighbor_list(moved(), cell, pbc)
+
+    rows = [("ASE call, vesin's list", _median_ms(other_call, reps)),
+            (f"neighbour list by {other.neighbor_list.source}", _median_ms(other_list, reps))]
+    other.evaluator.release()
+    return rows
 
 
 def _table_comparison(calc, untabulated, pos, cell, pbc, moved, reps) -> list:

@@ -70,6 +70,19 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
   return emu_exchange(v, (int)(threadIdx.x & 31) ^ mask);
 }
 
+// Every lane of the warp must call it (a full warp: blocks of a multiple of 32 threads).
+inline unsigned __ballot_sync(unsigned, bool predicate) {
+  emu::Warp& w = *emu::tl_warp;
+  const int lane = threadIdx.x & 31;
+  w.slots[lane] = predicate ? 1u : 0u;
+  pthread_barrier_wait(&w.bar);
+  unsigned mask = 0;
+  for (int l = 0; l < 32; ++l) mask |= (unsigned)(w.slots[l] & 1u) << l;
+  pthread_barrier_wait(&w.bar);
+  return mask;
+}
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+
 namespace emu {
 typedef void (*Body)(const unsigned long long* args);
 

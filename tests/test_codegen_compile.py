@@ -230,6 +230,13 @@ def test_radial_table_kernels_compile_with_nvrtc(dtype, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_neighbor_list_kernels_compile_with_nvrtc(arch):
+    from mlip_accel.codegen.neighbor_list import neighbor_list_program
+
+    _assert_program_compiles(neighbor_list_program(), arch)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_md_update_kernels_compile_with_nvrtc(arch):
     from mlip_accel.codegen.md_update import KERNELS, md_update_program
 

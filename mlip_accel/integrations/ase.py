@@ -42,20 +42,23 @@ class AcceleratedCalculator(Calculator):
     contribute exact zeros, so results are those without a skin. "auto" (default): with CUDA graphs, a 0.5 Å
     skin for small systems (up to 100,000 edges within r_max, where the step is bound by the host), none
     beyond; without graphs none. 0: a new list every call. ``num_edges`` counts the list's edges up to
-    r_max + skin; ``neighbor_list.builds`` how many lists were built.
+    r_max + skin; ``neighbor_list.builds`` how many lists were built. ``neighbor_method``: "auto" (on CUDA
+    mlip_accel's neighbour-list kernels for systems up to 20,000 atoms, vesin beyond and on the CPU), "vesin"
+    or "kernels" (:class:`~.neighbors.NeighborList`); ``neighbor_list.source`` says which built the last list.
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
 
     def __init__(self, potential: Potential, cuda_graphs="auto", pad_edges: bool | None = None,
-                 neighbor_skin: float | str = "auto", **kwargs):
+                 neighbor_skin: float | str = "auto", neighbor_method: str = "auto", **kwargs):
         require("vesin", "mlip_accel's AcceleratedCalculator (neighbour lists)")
         super().__init__(**kwargs)
         self.potential = potential
         self.evaluator = StepEvaluator(potential, cuda_graphs=cuda_graphs, pad_edges=pad_edges)
         if isinstance(neighbor_skin, str) and neighbor_skin == "auto" and not self.evaluator.cuda_graphs:
             neighbor_skin = 0.0  # eager steps: the host time of a list build is small beside the model's
-        self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin)
+        self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin,
+                                          method=neighbor_method)
         self.num_edges = 0
         self._inputs_cache = None  # (numbers, types on the device, cell, cell on the device)
 

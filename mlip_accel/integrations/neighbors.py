@@ -13,6 +13,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..runtime import neighbor_list as kernel_list
 from .errors import InputError
 
 
@@ -35,6 +36,9 @@ def check_cell(cell: np.ndarray, pbc: np.ndarray) -> None:
                              "set a cell or turn periodicity off (atoms.pbc)")
     if pbc.all() and abs(np.linalg.det(cell)) < 1e-9:
         raise InputError("the structure is periodic but its cell has zero volume")
+    periodic = cell[np.asarray(pbc, dtype=bool)]
+    if 1 < len(periodic) < 3 and np.linalg.matrix_rank(periodic, tol=1e-9 * np.abs(periodic).max()) < len(periodic):
+        raise InputError("the structure's periodic cell vectors are parallel")
 
 
 def same_pairs(a: Neighbors, b: Neighbors) -> bool:
@@ -89,21 +93,33 @@ class NeighborList:
     skin, and later ones with :data:`AUTO_SKIN` while the last list held at most :data:`AUTO_SKIN_MAX_EDGES`
     edges within the cutoff (small systems, where rebuilding every step costs more than the extra edges).
 
-    ``device``: where the model runs. On CUDA the list is built on the GPU when vesin's CUDA code works
-    in this process (tried once; on failure it warns and stays on the CPU) and the edges never cross PCIe.
+    ``device``: where the model runs. On CUDA the list is built on the GPU and the edges never cross PCIe:
+    by mlip_accel's own kernels (:mod:`mlip_accel.runtime.neighbor_list`: one host synchronisation, edges
+    written in receiver order) for systems they take (up to 20,000 atoms), else by vesin's CUDA code, else on
+    the CPU. Each GPU way is compared with vesin's CPU list at its first use and dropped with a warning if it
+    fails or differs. ``method``: "auto" (as above), "vesin" (never the kernels) or "kernels" (the kernels on
+    any device an executor runs: the CPU emulator in tests; vesin for systems they do not take).
+    ``source``: which way built the last list ("kernels", "vesin-gpu", "vesin-cpu").
     """
 
-    def __init__(self, cutoff: float, device: torch.device | str = "cpu", skin: float | str = 0.0):
+    METHODS = ("auto", "vesin", "kernels")
+
+    def __init__(self, cutoff: float, device: torch.device | str = "cpu", skin: float | str = 0.0,
+                 method: str = "auto"):
         if not cutoff > 0:
             raise ValueError(f"cutoff must be positive, got {cutoff!r}")
+        if method not in self.METHODS:
+            raise InputError(f"the neighbour-list method must be one of {', '.join(self.METHODS)}, got {method!r}")
         self.auto = isinstance(skin, str) and skin == "auto"
         self.skin = 0.0 if self.auto else _skin_length(skin)  # the skin of the next build
         self.cutoff = float(cutoff)
         self.device = torch.device(device)
         self._vesin = {}  # list cutoff -> (CPU list, GPU list or None)
         self._current = self._lists(self.cutoff + self.skin)  # vesin imported now, not at the first call
-        self.on_gpu = self.device.type == "cuda"
-        self._gpu_checked = False
+        self.on_gpu = self.device.type == "cuda"  # vesin's CUDA list, until it fails or differs
+        self.kernels = method == "kernels" or (method == "auto" and self.device.type == "cuda")
+        self._checked: set[str] = set()  # the GPU ways already compared with the CPU list
+        self.source = ""
         self.builds = 0
         # with skin="auto": (skin, most edges within the cutoff) taking precedence over AUTO_SKIN; None: none
         self.small_list_skin: tuple[float, int] | None = None
@@ -154,6 +170,10 @@ class NeighborList:
         the GPU works)."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
         check_cell(cell, pbc)
+        bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
+        if bad.size:
+            raise InputError(f"non-finite positions (atoms {', '.join(map(str, bad[:10]))}"
+                             f"{', ...' if bad.size > 10 else ''}): no neighbour list")
         skin = self.skin
         neighbors = self._build(positions, cell, pbc, skin, on_host)
         self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors, skin) if skin > 0 else None
@@ -169,27 +189,49 @@ class NeighborList:
                on_host: bool = False) -> Neighbors:
         self.builds += 1
         self._current = self._lists(self.cutoff + skin)  # the (CPU, GPU) vesin lists the computes use
-        if self.on_gpu and not on_host:
-            try:
-                gpu = self._compute_gpu(positions, cell, pbc)
-            except Exception as err:  # vesin built without CUDA, CuPy missing or for another CUDA: CPU works
-                self._give_up_gpu(f"it failed ({type(err).__name__}: {err})")
-            else:
-                if self._gpu_checked:
-                    return gpu
-                cpu = self._compute_cpu(positions, cell, pbc)
-                # once: the GPU list must be the CPU list (a wrong list would be a silently wrong MD)
-                if same_pairs(gpu, cpu):
-                    self._gpu_checked = True
-                    return gpu
-                self._give_up_gpu(f"it differs from the CPU list ({gpu.num_edges} vs {cpu.num_edges} edges)")
-                return cpu
+        if not on_host and self.kernels:
+            g = kernel_list.geometry(positions, cell, pbc, self.cutoff + skin)
+            if kernel_list.fits(len(g.points), len(g.image_shifts)):
+                listed = self._first_checked("kernels", lambda: self._compute_kernels(g), positions, cell, pbc)
+                if listed is not None:
+                    return listed
+        if not on_host and self.on_gpu:
+            listed = self._first_checked("vesin-gpu", lambda: self._compute_gpu(positions, cell, pbc),
+                                         positions, cell, pbc)
+            if listed is not None:
+                return listed
+        self.source = "vesin-cpu"
         return self._compute_cpu(positions, cell, pbc)
 
-    def _give_up_gpu(self, why: str) -> None:
-        warnings.warn(f"mlip_accel: the neighbour list on the GPU is not used: {why}; building it on the "
-                      "CPU from now on", RuntimeWarning, stacklevel=4)
-        self.on_gpu = False
+    def _first_checked(self, source: str, compute, positions, cell, pbc) -> Neighbors | None:
+        """The list ``compute`` builds, compared with the CPU list the first time (a wrong list would be a
+        silently wrong MD); None, with that way dropped for good and a warning, when it fails or differs."""
+        try:
+            listed = compute()
+        except Exception as err:  # vesin built without CUDA, CuPy missing or for another CUDA: CPU works
+            self._give_up(source, f"it failed ({type(err).__name__}: {err})")
+            return None
+        if source not in self._checked:
+            cpu = self._compute_cpu(positions, cell, pbc)
+            if not same_pairs(listed, cpu):
+                self._give_up(source, f"it differs from the CPU list ({listed.num_edges} vs {cpu.num_edges} edges)")
+                return None
+            self._checked.add(source)
+        self.source = source
+        return listed
+
+    def _give_up(self, source: str, why: str) -> None:
+        way = "mlip_accel's kernels" if source == "kernels" else "vesin on the GPU"
+        fallback = "vesin" if source == "kernels" else "the CPU"
+        warnings.warn(f"mlip_accel: the neighbour list by {way} is not used: {why}; building it with {fallback} "
+                      "from now on", RuntimeWarning, stacklevel=5)
+        if source == "kernels":
+            self.kernels = False
+        else:
+            self.on_gpu = False
+
+    def _compute_kernels(self, g) -> Neighbors:
+        return Neighbors(*kernel_list.build(g, self.device))
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
         i, j, shifts = self._current[0].compute(positions, cell, pbc, quantities="ijS", copy=True)

@@ -1,0 +1,155 @@
+"""The neighbour-list kernels (codegen.neighbor_list, runtime.neighbor_list): run by the CPU emulator and on the
+GPU, compared with vesin's CPU list on periodic, triclinic, tiny, slab, wire and open systems, positions wrapped
+or far outside the cell; the calculator's NeighborList choosing and checking them."""
+import numpy as np
+import pytest
+import torch
+
+import cuda_emulator
+from mlip_accel.integrations import neighbors as N
+from mlip_accel.integrations.errors import InputError
+from mlip_accel.runtime import neighbor_list as K
+
+pytest.importorskip("vesin")
+emulated_only = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++)")
+
+
+def _vesin(positions, cell, pbc, cutoff) -> N.Neighbors:
+    return N.NeighborList(cutoff, "cpu", method="vesin")(positions, cell, pbc)
+
+
+def _kernels(positions, cell, pbc, cutoff, device="cpu") -> N.Neighbors:
+    g = K.geometry(*N._host_inputs(positions, cell, pbc), cutoff)
+    return N.Neighbors(*K.build(g, torch.device(device)))
+
+
+def _cases():
+    rng = np.random.default_rng(7)
+    tri = np.array([[6.0, 0.0, 0.0], [2.1, 5.5, 0.0], [-1.3, 1.7, 6.4]])
+    frac = rng.random((70, 3))  # 70: more than two chunks of 32 senders, not a multiple of 32
+    inside = frac @ tri
+    outside = inside + rng.integers(-3, 4, (70, 3)) @ tri  # unwrapped, as in a long MD run
+    yield "triclinic", inside, tri, [True] * 3, 3.7
+    yield "triclinic unwrapped", outside, tri, [True] * 3, 3.7
+    yield "tiny cell, many images", rng.random((2, 3)) * 2.0, np.eye(3) * 2.0, [True] * 3, 4.5
+    slab_cell = np.array([[5.0, 0.0, 0.0], [1.0, 4.5, 0.0], [0.0, 0.0, 0.0]])  # no vector on the open axis
+    yield "slab", rng.random((30, 3)) * [5.0, 4.5, 8.0] + [0, 0, -4], slab_cell, [True, True, False], 3.1
+    yield "wire", rng.random((25, 3)) * [6.0, 6.0, 3.0], np.diag([0.0, 0.0, 3.0]), [False, False, True], 2.9
+    yield "molecule", rng.random((40, 3)) * 6.0, np.zeros((3, 3)), [False] * 3, 2.5
+    yield "lone atom", np.zeros((1, 3)), np.zeros((3, 3)), [False] * 3, 3.0
+    yield "isolated atoms", np.array([[0.0, 0, 0], [10.0, 0, 0]]), np.zeros((3, 3)), [False] * 3, 3.0
+
+
+CASES = list(_cases())
+
+
+@emulated_only
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_emulated_kernels_list_vesins_pairs_in_receiver_order(emulated, case):
+    _, positions, cell, pbc, cutoff = case
+    ours = _kernels(positions, cell, pbc, cutoff)
+    reference = _vesin(positions, cell, pbc, cutoff)
+    assert N.same_pairs(ours, reference), (ours.num_edges, reference.num_edges)
+    assert bool((ours.receivers[1:] >= ours.receivers[:-1]).all())
+    again = _kernels(positions, cell, pbc, cutoff)  # the same order every time
+    assert all(torch.equal(a, b) for a, b in zip(
+        (ours.receivers, ours.senders, ours.unit_shifts), (again.receivers, again.senders, again.unit_shifts)))
+    # ASE's convention: pos[j] - pos[i] + S @ cell is the edge vector, shorter than the cutoff
+    vectors = (positions[ours.senders.numpy()] - positions[ours.receivers.numpy()]
+               + ours.unit_shifts.numpy() @ np.asarray(cell))
+    assert (np.linalg.norm(vectors, axis=1) < cutoff).all()
+
+
+def test_geometry_wraps_into_the_cell_and_reaches_every_needed_image():
+    rng = np.random.default_rng(3)
+    cell = np.array([[4.0, 0.0, 0.0], [3.5, 1.0, 0.0], [0.0, 0.0, 9.0]])  # a flat, skewed cell
+    positions = rng.normal(size=(5, 3)) * 20
+    g = K.geometry(positions, cell, np.array([True, True, True]), 5.0)
+    assert ((g.fractions > -1e-12) & (g.fractions < 1 + 1e-12)).all()
+    np.testing.assert_allclose(g.points + g.wraps @ cell, positions, atol=1e-9)
+    assert (g.image_shifts[g.zero_image] == 0).all()
+    # the skewed axes' plane spacing (1 A between the (1, 0, 0) planes) needs 6 images each way at 5 A
+    assert g.image_shifts[:, 0].max() >= 5 and g.image_shifts[:, 2].max() == 1
+    open_axes = K.geometry(positions, np.zeros((3, 3)), np.array([False] * 3), 5.0)
+    assert len(open_axes.image_shifts) == 1 and (open_axes.wraps == 0).all()
+    np.testing.assert_array_equal(open_axes.points, positions)
+
+
+def test_sizes_the_kernels_take():
+    assert K.fits(8000, 27) and K.fits(2, 9261)
+    assert not K.fits(K.MAX_ATOMS + 1, 1)
+    assert not K.fits(10_000, 1000)
+
+
+@emulated_only
+def test_neighbor_list_method_kernels_checked_once_then_trusted(emulated):
+    _, positions, cell, pbc, cutoff = CASES[1]
+    nl = N.NeighborList(cutoff, "cpu", method="kernels")
+    first = nl(positions, cell, pbc)
+    assert nl.source == "kernels" and "kernels" in nl._checked
+    assert N.same_pairs(first, _vesin(positions, cell, pbc, cutoff))
+    launches = len(emulated.launches)
+    nl(positions + 0.01, cell, pbc)
+    assert nl.source == "kernels" and len(emulated.launches) == launches + 2  # count + fill, no CPU list
+
+
+@emulated_only
+def test_kernel_list_that_differs_is_dropped_for_vesin(emulated, monkeypatch):
+    _, positions, cell, pbc, cutoff = CASES[0]
+    nl = N.NeighborList(cutoff, "cpu", method="kernels")
+    real = nl._compute_kernels
+
+    def wrong(g):
+        full = real(g)
+        return N.Neighbors(full.receivers[:-1], full.senders[:-1], full.unit_shifts[:-1])
+
+    monkeypatch.setattr(nl, "_compute_kernels", wrong)
+    with pytest.warns(RuntimeWarning, match="kernels is not used: it differs from the CPU list"):
+        listed = nl(positions, cell, pbc)
+    assert nl.source == "vesin-cpu" and not nl.kernels
+    assert N.same_pairs(listed, _vesin(positions, cell, pbc, cutoff))
+
+
+def test_systems_beyond_the_kernels_use_vesin(monkeypatch):
+    monkeypatch.setattr(K, "MAX_ATOMS", 10)
+    _, positions, cell, pbc, cutoff = CASES[0]
+    nl = N.NeighborList(cutoff, "cpu", method="kernels")
+    nl(positions, cell, pbc)  # 70 atoms: no kernel launch (none could run here without the emulator)
+    assert nl.source == "vesin-cpu" and nl.kernels
+
+
+def test_bad_method_and_non_finite_positions():
+    with pytest.raises(InputError, match="neighbour-list method must be one of"):
+        N.NeighborList(3.0, "cpu", method="fast")
+    positions = np.zeros((3, 3))
+    positions[2, 1] = np.nan
+    with pytest.raises(InputError, match=r"non-finite positions \(atoms 2\)"):
+        N.NeighborList(3.0, "cpu")(positions, np.eye(3) * 5, [True] * 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_gpu_kernels_list_vesins_pairs(case):
+    _, positions, cell, pbc, cutoff = case
+    ours = _kernels(positions, cell, pbc, cutoff, "cuda")
+    assert N.same_pairs(ours, _vesin(positions, cell, pbc, cutoff))
+    assert bool((ours.receivers[1:] >= ours.receivers[:-1]).all())
+
+
+@pytest.mark.gpu
+def test_gpu_calculator_list_comes_from_the_kernels():
+    from ase.build import bulk
+
+    atoms = bulk("C", "diamond", cubic=True).repeat(3)  # 216 atoms
+    atoms.rattle(0.05, seed=1)
+    nl = N.NeighborList(6.0, "cuda")
+    listed = nl(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert nl.source == "kernels", nl.source
+    assert listed.receivers.is_cuda and N.same_pairs(listed, _vesin(atoms.positions, atoms.cell.array,
+                                                                    atoms.pbc, 6.0))
+
+
+def test_parallel_periodic_vectors_are_refused():
+    cell = np.array([[3.0, 0, 0], [6.0, 0, 0], [0, 0, 0]])
+    with pytest.raises(InputError, match="periodic cell vectors are parallel"):
+        N.NeighborList(3.0, "cpu")(np.zeros((2, 3)), cell, [True, True, False])
