@@ -19,8 +19,7 @@ def _vesin(positions, cell, pbc, cutoff) -> N.Neighbors:
 
 
 def _kernels(positions, cell, pbc, cutoff, device="cpu") -> N.Neighbors:
-    g = K.geometry(*N._host_inputs(positions, cell, pbc), cutoff)
-    return N.Neighbors(*K.build(g, torch.device(device)))
+    return N.Neighbors(*K.KernelNeighborList(device)(*N._host_inputs(positions, cell, pbc), cutoff))
 
 
 def _cases():
@@ -60,25 +59,38 @@ def test_emulated_kernels_list_vesins_pairs_in_receiver_order(emulated, case):
     assert (np.linalg.norm(vectors, axis=1) < cutoff).all()
 
 
-def test_geometry_wraps_into_the_cell_and_reaches_every_needed_image():
+@emulated_only
+def test_wrapping_into_the_cell_and_the_lattice(emulated):
+    from mlip_accel.codegen.neighbor_list import neighbor_list_program
+    from mlip_accel.runtime.launch_plan import launch
+
     rng = np.random.default_rng(3)
     cell = np.array([[4.0, 0.0, 0.0], [3.5, 1.0, 0.0], [0.0, 0.0, 9.0]])  # a flat, skewed cell
-    positions = rng.normal(size=(5, 3)) * 20
-    g = K.geometry(positions, cell, np.array([True, True, True]), 5.0)
-    assert ((g.fractions > -1e-12) & (g.fractions < 1 + 1e-12)).all()
-    np.testing.assert_allclose(g.points + g.wraps @ cell, positions, atol=1e-9)
-    assert (g.image_shifts[g.zero_image] == 0).all()
-    # the skewed axes' plane spacing (1 A between the (1, 0, 0) planes) needs 6 images each way at 5 A
-    assert g.image_shifts[:, 0].max() >= 5 and g.image_shifts[:, 2].max() == 1
-    open_axes = K.geometry(positions, np.zeros((3, 3)), np.array([False] * 3), 5.0)
-    assert len(open_axes.image_shifts) == 1 and (open_axes.wraps == 0).all()
-    np.testing.assert_array_equal(open_axes.points, positions)
+    positions = torch.as_tensor(rng.normal(size=(5, 3)) * 20)
+    values = K.lattice(cell, np.array([True, True, False]), 5.0)
+    # planes of b stepped along a: area 4 / |b| = 1.10 A apart; planes of a stepped along b: 4 / |a| = 1 A
+    np.testing.assert_allclose(values[18:21], [5.0 * np.hypot(1, 3.5) / 4, 5.0, -1.0], rtol=1e-6)
+    assert values[21] == 25.0
+    assert K.tests(5, values) == 25 * 11 * 12
+    out = {k: torch.full((5, 3), float("nan"), dtype=torch.float64) for k in ("points", "fractions")}
+    wraps = torch.full((5, 3), -99, dtype=torch.int64)
+    program = neighbor_list_program()
+    launch(program, program.plans[0], dict(lattice=torch.as_tensor(values), positions=positions, wraps=wraps,
+                                           atoms=5, **out), torch.device("cpu"))
+    f = out["fractions"].numpy()
+    assert ((f[:, :2] > -1e-12) & (f[:, :2] < 1 + 1e-12)).all()
+    assert (wraps[:, 2] == 0).all()  # the open axis is never wrapped
+    np.testing.assert_allclose(out["points"].numpy() + wraps.double().numpy() @ cell, positions.numpy(), atol=1e-9)
+    open_axes = K.lattice(np.zeros((3, 3)), np.array([False] * 3), 5.0)
+    np.testing.assert_array_equal(open_axes[:9].reshape(3, 3), np.eye(3))
 
 
 def test_sizes_the_kernels_take():
-    assert K.fits(8000, 27) and K.fits(2, 9261)
-    assert not K.fits(K.MAX_ATOMS + 1, 1)
-    assert not K.fits(10_000, 1000)
+    cube = K.lattice(np.eye(3) * 35.7, np.array([True] * 3), 6.0)
+    assert K.fits(8000, cube)
+    assert not K.fits(K.MAX_ATOMS + 1, cube)
+    tiny = K.lattice(np.eye(3) * 0.5, np.array([True] * 3), 6.0)
+    assert K.fits(2, tiny) and not K.fits(5000, tiny)
 
 
 @emulated_only
@@ -90,7 +102,7 @@ def test_neighbor_list_method_kernels_checked_once_then_trusted(emulated):
     assert N.same_pairs(first, _vesin(positions, cell, pbc, cutoff))
     launches = len(emulated.launches)
     nl(positions + 0.01, cell, pbc)
-    assert nl.source == "kernels" and len(emulated.launches) == launches + 2  # count + fill, no CPU list
+    assert nl.source == "kernels" and len(emulated.launches) == launches + 3  # wrap, count, fill; no CPU list
 
 
 @emulated_only
@@ -99,8 +111,8 @@ def test_kernel_list_that_differs_is_dropped_for_vesin(emulated, monkeypatch):
     nl = N.NeighborList(cutoff, "cpu", method="kernels")
     real = nl._compute_kernels
 
-    def wrong(g):
-        full = real(g)
+    def wrong(*args):
+        full = real(*args)
         return N.Neighbors(full.receivers[:-1], full.senders[:-1], full.unit_shifts[:-1])
 
     monkeypatch.setattr(nl, "_compute_kernels", wrong)

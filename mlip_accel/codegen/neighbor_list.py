@@ -1,6 +1,7 @@
-"""CUDA source and launch plans of the neighbour list (templates/neighbor_list.cu): a count pass and a fill pass,
-one warp per receiver over every candidate sender and periodic image. One program for every system: the
-geometry (positions, images, cutoff) is all arguments. Plain data in, text out; no GPU."""
+"""CUDA source and launch plans of the neighbour list (templates/neighbor_list.cu): a wrapping pass over the atoms,
+then a count pass and a fill pass, one warp per receiver over every candidate sender and the periodic images the
+receiver can reach. One program for every system: the lattice, the positions and the cutoff are all arguments.
+Plain data in, text out; no GPU."""
 from __future__ import annotations
 
 import functools
@@ -11,31 +12,33 @@ from .sequence import Program
 
 FAMILY = "neighbor_list"
 BLOCK_THREADS = 128
-
-
-def _in(name: str, layout: str, ctype: str = "const double*") -> Argument:
-    return Argument(name, ctype, "input", layout)
+LATTICE_LAYOUT = "[22]: cell rows (9), inverse (9), reach per axis (3, -1 on open axes), cutoff^2"
 
 
 @functools.lru_cache(maxsize=None)
 def neighbor_list_program() -> Program:
-    """The program: plans ``(count, fill)``."""
-    grid = GridRule(items="atoms", threads_per_item=32, block_threads=BLOCK_THREADS)  # a warp per receiver
+    """The program: plans ``(wrap, count, fill)``."""
     tuning = (("block_threads", BLOCK_THREADS),)
-    geometry = (_in("points", "[atoms, 3]"), _in("fractions", "[atoms, 3]"),
-                _in("image_vectors", "[images, 3]"), _in("image_shifts", "[images, 3] (integers)"),
-                _in("bounds", "[4]: reach per axis, cutoff^2"))
-    scalars = (Argument("atoms", "long long", "scalar"), Argument("images", "long long", "scalar"),
-               Argument("zero_image", "long long", "scalar"))
+    per_atom = GridRule(items="atoms", threads_per_item=1, block_threads=BLOCK_THREADS)
+    per_receiver = GridRule(items="atoms", threads_per_item=32, block_threads=BLOCK_THREADS)  # a warp each
+    lattice = Argument("lattice", "const double*", "input", LATTICE_LAYOUT)
+    atoms = Argument("atoms", "long long", "scalar")
+    wrapped = (Argument("points", "const double*", "input", "[atoms, 3]: positions wrapped into the cell"),
+               Argument("fractions", "const double*", "input", "[atoms, 3]: the same, fractional"))
+    wrap = LaunchPlan(FAMILY, "mla_neighbors_wrap", (
+        lattice, Argument("positions", "const double*", "input", "[atoms, 3]"),
+        Argument("points", "double*", "output", "[atoms, 3]"), Argument("fractions", "double*", "output", "[atoms, 3]"),
+        Argument("wraps", "long long*", "output", "[atoms, 3]: the integer shifts the wrapping subtracted"), atoms),
+        per_atom, tuning=tuning)
     count = LaunchPlan(FAMILY, "mla_neighbors_count", (
-        *geometry, Argument("counts", "long long*", "output", "[atoms]"), *scalars), grid, tuning=tuning)
+        lattice, *wrapped, Argument("counts", "long long*", "output", "[atoms]"), atoms), per_receiver, tuning=tuning)
     fill = LaunchPlan(FAMILY, "mla_neighbors_fill", (
-        *geometry, _in("wraps", "[atoms, 3] (integers)"),
-        _in("ends", "[atoms]: inclusive sum of the counts", "const long long*"),
+        lattice, *wrapped, Argument("wraps", "const long long*", "input", "[atoms, 3]"),
+        Argument("ends", "const long long*", "input", "[atoms]: inclusive sum of the counts"),
         Argument("receivers", "long long*", "output", "[edges]"),
         Argument("senders", "long long*", "output", "[edges]"),
-        Argument("unit_shifts", "long long*", "output", "[edges, 3]"), *scalars), grid, tuning=tuning)
+        Argument("unit_shifts", "long long*", "output", "[edges, 3]"), atoms), per_receiver, tuning=tuning)
     source = template("neighbor_list.cu").substitute(
-        block_threads=BLOCK_THREADS, count=count.kernel, fill=fill.kernel,
-        count_parameters=count.parameters(), fill_parameters=fill.parameters())
-    return Program("mla_neighbor_list", source, (count, fill))
+        block_threads=BLOCK_THREADS, wrap=wrap.kernel, count=count.kernel, fill=fill.kernel,
+        wrap_parameters=wrap.parameters(), count_parameters=count.parameters(), fill_parameters=fill.parameters())
+    return Program("mla_neighbor_list", source, (wrap, count, fill))

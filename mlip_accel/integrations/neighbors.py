@@ -118,6 +118,7 @@ class NeighborList:
         self._current = self._lists(self.cutoff + self.skin)  # vesin imported now, not at the first call
         self.on_gpu = self.device.type == "cuda"  # vesin's CUDA list, until it fails or differs
         self.kernels = method == "kernels" or (method == "auto" and self.device.type == "cuda")
+        self._kernel_list = kernel_list.KernelNeighborList(self.device)
         self._checked: set[str] = set()  # the GPU ways already compared with the CPU list
         self.source = ""
         self.builds = 0
@@ -190,9 +191,10 @@ class NeighborList:
         self.builds += 1
         self._current = self._lists(self.cutoff + skin)  # the (CPU, GPU) vesin lists the computes use
         if not on_host and self.kernels:
-            g = kernel_list.geometry(positions, cell, pbc, self.cutoff + skin)
-            if kernel_list.fits(len(g.points), len(g.image_shifts)):
-                listed = self._first_checked("kernels", lambda: self._compute_kernels(g), positions, cell, pbc)
+            cutoff = self.cutoff + skin
+            if kernel_list.fits(len(positions), self._kernel_list.lattice(cell, pbc, cutoff)):
+                listed = self._first_checked("kernels", lambda: self._compute_kernels(positions, cell, pbc, cutoff),
+                                             positions, cell, pbc)
                 if listed is not None:
                     return listed
         if not on_host and self.on_gpu:
@@ -230,8 +232,8 @@ class NeighborList:
         else:
             self.on_gpu = False
 
-    def _compute_kernels(self, g) -> Neighbors:
-        return Neighbors(*kernel_list.build(g, self.device))
+    def _compute_kernels(self, positions, cell, pbc, cutoff) -> Neighbors:
+        return Neighbors(*self._kernel_list(positions, cell, pbc, cutoff))
 
     def _compute_cpu(self, positions, cell, pbc) -> Neighbors:
         i, j, shifts = self._current[0].compute(positions, cell, pbc, quantities="ijS", copy=True)
