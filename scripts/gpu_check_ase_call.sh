@@ -22,7 +22,7 @@ if [[ -z ${SKIP_TESTS:-} ]]; then
   stage gpu_tests_nequip $?
   tail -n 3 "$OUT"/gpu_tests_*.log
 fi
-timeout 150 bash -c "py_mace scripts/bench_neighbor_list.py --cells ${LIST_CELLS:-3 5 10 11} --out $OUT" 2>&1 | tail -n 8
+timeout 240 bash -c "py_mace scripts/bench_neighbor_list.py --cells ${LIST_CELLS:-3 5 10 11 15} --out $OUT" 2>&1 | tail -n 8
 stage bench_neighbor_list ${PIPESTATUS[0]}
 timeout ${PROFILE_TIMEOUT:-300} bash -c "py_mace scripts/profile_ase_call.py --cells ${CELLS:-5 10} --out $OUT \
   ${PROFILE_ARGS:-}" 2>&1 \

@@ -82,6 +82,7 @@ inline unsigned __ballot_sync(unsigned, bool predicate) {
   return mask;
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 
 namespace emu {
 typedef void (*Body)(const unsigned long long* args);

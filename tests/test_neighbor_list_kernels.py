@@ -30,6 +30,9 @@ def _cases():
     outside = inside + rng.integers(-3, 4, (70, 3)) @ tri  # unwrapped, as in a long MD run
     yield "triclinic", inside, tri, [True] * 3, 3.7
     yield "triclinic unwrapped", outside, tri, [True] * 3, 3.7
+    big = np.array([[15.0, 0.0, 0.0], [4.0, 14.0, 0.0], [2.0, -3.0, 16.0]])
+    yield "many chunks", rng.random((300, 3)) @ big, big, [True] * 3, 4.0  # boxes prune most of 10 chunks
+    yield "open cluster, many chunks", rng.normal(size=(200, 3)) * 6.0, np.zeros((3, 3)), [False] * 3, 3.0
     yield "tiny cell, many images", rng.random((2, 3)) * 2.0, np.eye(3) * 2.0, [True] * 3, 4.5
     slab_cell = np.array([[5.0, 0.0, 0.0], [1.0, 4.5, 0.0], [0.0, 0.0, 0.0]])  # no vector on the open axis
     yield "slab", rng.random((30, 3)) * [5.0, 4.5, 8.0] + [0, 0, -4], slab_cell, [True, True, False], 3.1
@@ -70,13 +73,14 @@ def test_wrapping_into_the_cell_and_the_lattice(emulated):
     values = K.lattice(cell, np.array([True, True, False]), 5.0)
     # planes of b stepped along a: area 4 / |b| = 1.10 A apart; planes of a stepped along b: 4 / |a| = 1 A
     np.testing.assert_allclose(values[18:21], [5.0 * np.hypot(1, 3.5) / 4, 5.0, -1.0], rtol=1e-6)
-    assert values[21] == 25.0
-    assert K.tests(5, values) == 25 * 11 * 12
+    assert values[21] == 25.0 and values[22] == 1.25
+    assert K.tests(5, values) == 5 * 1 * 11 * 12
     out = {k: torch.full((5, 3), float("nan"), dtype=torch.float64) for k in ("points", "fractions")}
-    wraps = torch.full((5, 3), -99, dtype=torch.int64)
+    wraps, keys = torch.full((5, 3), -99, dtype=torch.int64), torch.full((5,), -1, dtype=torch.int64)
     program = neighbor_list_program()
     launch(program, program.plans[0], dict(lattice=torch.as_tensor(values), positions=positions, wraps=wraps,
-                                           atoms=5, **out), torch.device("cpu"))
+                                           keys=keys, atoms=5, **out), torch.device("cpu"))
+    assert ((keys >= 0) & (keys < 1 << 30)).all()
     f = out["fractions"].numpy()
     assert ((f[:, :2] > -1e-12) & (f[:, :2] < 1 + 1e-12)).all()
     assert (wraps[:, 2] == 0).all()  # the open axis is never wrapped
@@ -87,10 +91,10 @@ def test_wrapping_into_the_cell_and_the_lattice(emulated):
 
 def test_sizes_the_kernels_take():
     cube = K.lattice(np.eye(3) * 35.7, np.array([True] * 3), 6.0)
-    assert K.fits(8000, cube)
+    assert K.fits(8000, cube) and K.fits(50_000, cube)
     assert not K.fits(K.MAX_ATOMS + 1, cube)
     tiny = K.lattice(np.eye(3) * 0.5, np.array([True] * 3), 6.0)
-    assert K.fits(2, tiny) and not K.fits(5000, tiny)
+    assert K.fits(2, tiny) and not K.fits(20_000, tiny)
 
 
 @emulated_only
@@ -102,7 +106,7 @@ def test_neighbor_list_method_kernels_checked_once_then_trusted(emulated):
     assert N.same_pairs(first, _vesin(positions, cell, pbc, cutoff))
     launches = len(emulated.launches)
     nl(positions + 0.01, cell, pbc)
-    assert nl.source == "kernels" and len(emulated.launches) == launches + 3  # wrap, count, fill; no CPU list
+    assert nl.source == "kernels" and len(emulated.launches) == launches + 4  # wrap, boxes, count, fill
 
 
 @emulated_only

@@ -1,7 +1,8 @@
-"""CUDA source and launch plans of the neighbour list (templates/neighbor_list.cu): a wrapping pass over the atoms,
-then a count pass and a fill pass, one warp per receiver over every candidate sender and the periodic images the
-receiver can reach. One program for every system: the lattice, the positions and the cutoff are all arguments.
-Plain data in, text out; no GPU."""
+"""CUDA source and launch plans of the neighbour list (templates/neighbor_list.cu): a wrapping pass over the atoms
+(positions into the cell, and a spatial key), the bounding boxes of 32-atom chunks in key order, then a count pass
+and a fill pass, one warp per receiver over the chunks within reach in each periodic image the receiver can reach.
+One program for every system: the lattice, the positions and the cutoff are all arguments. Plain data in, text
+out; no GPU."""
 from __future__ import annotations
 
 import functools
@@ -12,33 +13,47 @@ from .sequence import Program
 
 FAMILY = "neighbor_list"
 BLOCK_THREADS = 128
-LATTICE_LAYOUT = "[22]: cell rows (9), inverse (9), reach per axis (3, -1 on open axes), cutoff^2"
+CHUNK = 32  # atoms per bounding box: a warp's lanes
+LATTICE_LAYOUT = ("[23]: cell rows (9), inverse (9), reach per axis (3, -1 on open axes), cutoff^2, "
+                  "open axes' key bin (A)")
+
+
+def _f64(name: str, layout: str, role: str = "input") -> Argument:
+    return Argument(name, "const double*" if role == "input" else "double*", role, layout)
+
+
+def _i64(name: str, layout: str, role: str = "input") -> Argument:
+    return Argument(name, "const long long*" if role == "input" else "long long*", role, layout)
 
 
 @functools.lru_cache(maxsize=None)
 def neighbor_list_program() -> Program:
-    """The program: plans ``(wrap, count, fill)``."""
-    tuning = (("block_threads", BLOCK_THREADS),)
+    """The program: plans ``(wrap, boxes, count, fill)``."""
+    tuning = (("block_threads", BLOCK_THREADS), ("chunk", CHUNK))
     per_atom = GridRule(items="atoms", threads_per_item=1, block_threads=BLOCK_THREADS)
+    per_chunk = GridRule(items="chunks", threads_per_item=32, block_threads=BLOCK_THREADS)  # a warp each
     per_receiver = GridRule(items="atoms", threads_per_item=32, block_threads=BLOCK_THREADS)  # a warp each
-    lattice = Argument("lattice", "const double*", "input", LATTICE_LAYOUT)
-    atoms = Argument("atoms", "long long", "scalar")
-    wrapped = (Argument("points", "const double*", "input", "[atoms, 3]: positions wrapped into the cell"),
-               Argument("fractions", "const double*", "input", "[atoms, 3]: the same, fractional"))
+    lattice = _f64("lattice", LATTICE_LAYOUT)
+    atoms, chunks = Argument("atoms", "long long", "scalar"), Argument("chunks", "long long", "scalar")
     wrap = LaunchPlan(FAMILY, "mla_neighbors_wrap", (
-        lattice, Argument("positions", "const double*", "input", "[atoms, 3]"),
-        Argument("points", "double*", "output", "[atoms, 3]"), Argument("fractions", "double*", "output", "[atoms, 3]"),
-        Argument("wraps", "long long*", "output", "[atoms, 3]: the integer shifts the wrapping subtracted"), atoms),
-        per_atom, tuning=tuning)
+        lattice, _f64("positions", "[atoms, 3]"), _f64("points", "[atoms, 3]: wrapped into the cell", "output"),
+        _f64("fractions", "[atoms, 3]", "output"),
+        _i64("wraps", "[atoms, 3]: the integer shifts the wrapping subtracted", "output"),
+        _i64("keys", "[atoms]: spatial sort key", "output"), atoms), per_atom, tuning=tuning)
+    order = _i64("order", "[atoms]: the atoms by key")
+    boxes = LaunchPlan(FAMILY, "mla_neighbors_boxes", (
+        _f64("points", "[atoms, 3]"), order, _f64("sorted_points", "[atoms, 3]: points in key order", "output"),
+        _f64("boxes", "[chunks, 6]: lower and upper corner", "output"), atoms, chunks), per_chunk, tuning=tuning)
+    walked = (lattice, _f64("fractions", "[atoms, 3]"), _f64("points", "[atoms, 3]"),
+              _f64("sorted_points", "[atoms, 3]"), order, _f64("boxes", "[chunks, 6]"))
     count = LaunchPlan(FAMILY, "mla_neighbors_count", (
-        lattice, *wrapped, Argument("counts", "long long*", "output", "[atoms]"), atoms), per_receiver, tuning=tuning)
+        *walked, _i64("counts", "[atoms]", "output"), atoms, chunks), per_receiver, tuning=tuning)
     fill = LaunchPlan(FAMILY, "mla_neighbors_fill", (
-        lattice, *wrapped, Argument("wraps", "const long long*", "input", "[atoms, 3]"),
-        Argument("ends", "const long long*", "input", "[atoms]: inclusive sum of the counts"),
-        Argument("receivers", "long long*", "output", "[edges]"),
-        Argument("senders", "long long*", "output", "[edges]"),
-        Argument("unit_shifts", "long long*", "output", "[edges, 3]"), atoms), per_receiver, tuning=tuning)
+        *walked, _i64("wraps", "[atoms, 3]"), _i64("ends", "[atoms]: inclusive sum of the counts"),
+        _i64("receivers", "[edges]", "output"), _i64("senders", "[edges]", "output"),
+        _i64("unit_shifts", "[edges, 3]", "output"), atoms, chunks), per_receiver, tuning=tuning)
+    plans = (wrap, boxes, count, fill)
     source = template("neighbor_list.cu").substitute(
-        block_threads=BLOCK_THREADS, wrap=wrap.kernel, count=count.kernel, fill=fill.kernel,
-        wrap_parameters=wrap.parameters(), count_parameters=count.parameters(), fill_parameters=fill.parameters())
-    return Program("mla_neighbor_list", source, (wrap, count, fill))
+        block_threads=BLOCK_THREADS, chunk=CHUNK, **{p.kernel.removeprefix("mla_neighbors_"): p.kernel for p in plans},
+        **{f"{p.kernel.removeprefix('mla_neighbors_')}_parameters": p.parameters() for p in plans})
+    return Program("mla_neighbor_list", source, plans)
