@@ -169,3 +169,14 @@ def test_parallel_periodic_vectors_are_refused():
     cell = np.array([[3.0, 0, 0], [6.0, 0, 0], [0, 0, 0]])
     with pytest.raises(InputError, match="periodic cell vectors are parallel"):
         N.NeighborList(3.0, "cpu")(np.zeros((2, 3)), cell, [True, True, False])
+
+
+@emulated_only
+@pytest.mark.parametrize("case", [c for c in CASES if "chunks" in c[0] or c[0] == "slab"], ids=lambda c: c[0])
+def test_emulated_kernels_with_atoms_sorted_by_key(emulated, monkeypatch, case):
+    # small systems keep their own order (SORT_MIN_ATOMS); here every system is sorted by its Morton key
+    monkeypatch.setattr(K, "SORT_MIN_ATOMS", 0)
+    _, positions, cell, pbc, cutoff = case
+    ours = _kernels(positions, cell, pbc, cutoff)
+    assert N.same_pairs(ours, _vesin(positions, cell, pbc, cutoff))
+    assert bool((ours.receivers[1:] >= ours.receivers[:-1]).all())
