@@ -107,6 +107,9 @@ def test_neighbor_list_method_kernels_checked_once_then_trusted(emulated):
     launches = len(emulated.launches)
     nl(positions + 0.01, cell, pbc)
     assert nl.source == "kernels" and len(emulated.launches) == launches + 4  # wrap, boxes, count, fill
+    for _ in range(3):
+        nl(positions, cell, pbc)
+    assert nl._kernel_list._identity.numel() == len(positions)  # no buffer grows call after call
 
 
 @emulated_only
@@ -163,6 +166,10 @@ def test_gpu_calculator_list_comes_from_the_kernels():
     assert nl.source == "kernels", nl.source
     assert listed.receivers.is_cuda and N.same_pairs(listed, _vesin(atoms.positions, atoms.cell.array,
                                                                     atoms.pbc, 6.0))
+    for k in range(40):  # an MD run's lists: the same answer, no buffer growing call after call
+        again = nl(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert nl.source == "kernels" and N.same_pairs(again, listed)
+    assert nl._kernel_list._identity.numel() == len(atoms)
 
 
 def test_parallel_periodic_vectors_are_refused():
@@ -180,3 +187,20 @@ def test_emulated_kernels_with_atoms_sorted_by_key(emulated, monkeypatch, case):
     ours = _kernels(positions, cell, pbc, cutoff)
     assert N.same_pairs(ours, _vesin(positions, cell, pbc, cutoff))
     assert bool((ours.receivers[1:] >= ours.receivers[:-1]).all())
+
+
+def test_an_impossible_edge_count_is_an_error_not_an_allocation():
+    # a count kernel that wrote nothing leaves the poisoned counts: refused before sizing the outputs by them
+    from mlip_accel.runtime import debug
+    from mlip_accel.runtime.executor import use_executor
+
+    class Idle:
+        def accepts(self, device):
+            return True
+
+        def launch(self, *args):
+            pass
+
+    _, positions, cell, pbc, cutoff = CASES[0]
+    with use_executor(Idle()), debug.poison(), pytest.raises(RuntimeError, match="counted .* edges for 70 atoms"):
+        _kernels(positions, cell, pbc, cutoff)

@@ -55,11 +55,15 @@ def lattice(cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> np.ndarray:
     return np.concatenate([basis.ravel(), inverse.ravel(), reach, [cutoff * cutoff, cutoff / 4]])
 
 
-def tests(atoms: int, values: np.ndarray) -> int:
-    """An upper bound of the chunk-image box tests of one pass: each periodic axis gives a receiver at most
-    2 reach + 2 images."""
+def _images_bound(values: np.ndarray) -> int:
+    """At most this many images per receiver: each periodic axis gives at most 2 reach + 2."""
     reach = values[18:21]
-    return atoms * -(-atoms // CHUNK) * int(np.prod(np.where(reach >= 0, np.floor(2 * reach) + 2, 1)))
+    return int(np.prod(np.where(reach >= 0, np.floor(2 * reach) + 2, 1)))
+
+
+def tests(atoms: int, values: np.ndarray) -> int:
+    """An upper bound of the chunk-image box tests of one pass."""
+    return atoms * -(-atoms // CHUNK) * _images_bound(values)
 
 
 def fits(atoms: int, values: np.ndarray) -> bool:
@@ -112,6 +116,8 @@ class KernelNeighborList:
         launch(program, count, dict(walked, counts=counts), device)
         ends = torch.cumsum(counts, 0)
         edges = int(ends[-1]) if n else 0  # the one synchronisation
+        if not 0 <= edges <= n * n * _images_bound(self._lattice[1]):
+            raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {n} atoms: impossible")
         out = _written(5 * edges, torch.int64, device)
         receivers, senders, unit_shifts = out[:edges], out[edges:2 * edges], out[2 * edges:].view(edges, 3)
         if edges:
@@ -131,8 +137,8 @@ class KernelNeighborList:
         return view.view(-1, 3)
 
     def _order(self, n: int) -> torch.Tensor:
-        if self._identity.numel() < n or self._identity.device != self.device:
-            self._identity = torch.arange(max(n, 2 * self._identity.numel()), device=self.device)
+        if self._identity.numel() < n:  # on self.device: created there
+            self._identity = torch.arange(n, device=self.device)
         return self._identity[:n]
 
 
