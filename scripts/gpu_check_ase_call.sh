@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The full ASE call of MACE against Symmetrix-XL and where its time goes (scripts/profile_ase_call.py), after the
 # GPU tests of what it runs (IrrepsLinear's two strategies, the 3xTF32 products' gradients, MACE and NequIP
-# accelerate, the neighbour-list kernels) and the neighbour list alone (scripts/bench_neighbor_list.py), on the device machine in one call from the repository root, .whl/common, .whl/mace, .whl/nequip and
-# .whl/symmetrix carried. Results under $OUT: gpu_tests_{mace,nequip}.log, bench_neighbor_list.{json,md},
+# accelerate, the neighbour-list kernels) and the neighbour list alone (scripts/bench_neighbor_list.py), on the
+# device machine in one call from the repository root, .whl/common, .whl/mace, .whl/nequip and .whl/symmetrix
+# carried. Results under $OUT: gpu_tests_{mace,nequip}.log, bench_neighbor_list.{json,md},
 # profile_ase_call_<cells>c.md, summary.txt.
 #
 # PROFILE_ARGS adds profile_ase_call.py's options (e.g. "--compare-table --no-profile": the radial tables on
@@ -22,7 +23,7 @@ if [[ -z ${SKIP_TESTS:-} ]]; then
   stage gpu_tests_nequip $?
   tail -n 3 "$OUT"/gpu_tests_*.log
 fi
-timeout 240 bash -c "py_mace scripts/bench_neighbor_list.py --cells ${LIST_CELLS:-3 5 10 11 15} --out $OUT" 2>&1 | tail -n 8
+timeout 240 bash -c "py_mace scripts/bench_neighbor_list.py --cells ${LIST_CELLS:-3 5 10 11} --out $OUT" 2>&1 | tail -n 8
 stage bench_neighbor_list ${PIPESTATUS[0]}
 timeout ${PROFILE_TIMEOUT:-300} bash -c "py_mace scripts/profile_ase_call.py --cells ${CELLS:-5 10} --out $OUT \
   ${PROFILE_ARGS:-}" 2>&1 \
