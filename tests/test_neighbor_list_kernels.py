@@ -39,6 +39,7 @@ def _cases():
     yield "wire", rng.random((25, 3)) * [6.0, 6.0, 3.0], np.diag([0.0, 0.0, 3.0]), [False, False, True], 2.9
     yield "molecule", rng.random((40, 3)) * 6.0, np.zeros((3, 3)), [False] * 3, 2.5
     yield "lone atom", np.zeros((1, 3)), np.zeros((3, 3)), [False] * 3, 3.0
+    yield "one periodic atom: its own images", np.array([[0.3, -0.2, 7.1]]), np.eye(3) * 2.5, [True] * 3, 6.0
     yield "isolated atoms", np.array([[0.0, 0, 0], [10.0, 0, 0]]), np.zeros((3, 3)), [False] * 3, 3.0
 
 
@@ -204,3 +205,9 @@ def test_an_impossible_edge_count_is_an_error_not_an_allocation():
     _, positions, cell, pbc, cutoff = CASES[0]
     with use_executor(Idle()), debug.poison(), pytest.raises(RuntimeError, match="counted .* edges for 70 atoms"):
         _kernels(positions, cell, pbc, cutoff)
+
+
+@emulated_only
+def test_no_atoms_no_edges(emulated):
+    ours = _kernels(np.zeros((0, 3)), np.eye(3) * 5.0, [True] * 3, 3.0)
+    assert ours.num_edges == 0 and ours.unit_shifts.shape == (0, 3)

@@ -96,6 +96,9 @@ class KernelNeighborList:
         self.lattice(cell, pbc, cutoff)
         values = self._lattice[2]
         n, device = len(positions), self.device
+        if n == 0:
+            empty = torch.empty(0, dtype=torch.int64, device=device)
+            return empty, empty.clone(), empty.view(0, 3).clone()
         chunks = -(-n // CHUNK)
         program = neighbor_list_program()
         wrap, boxes, count, fill = program.plans
@@ -115,7 +118,7 @@ class KernelNeighborList:
                       boxes=chunk_boxes, atoms=n, chunks=chunks)
         launch(program, count, dict(walked, counts=counts), device)
         ends = torch.cumsum(counts, 0)
-        edges = int(ends[-1]) if n else 0  # the one synchronisation
+        edges = int(ends[-1])  # the one synchronisation
         if not 0 <= edges <= n * n * _images_bound(self._lattice[1]):
             raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {n} atoms: impossible")
         out = _written(5 * edges, torch.int64, device)
