@@ -544,10 +544,10 @@ def _summary(result, calc, args, out, session: _Session) -> None:
             state = f"off above {graphs.max_graph_edges} edges ({graphs.eager_large} eager steps)"
         print(f"  graphs  : {state}; edge capacity {calc.edge_capacity}, {graphs.captures} captures, "
               f"{graphs.replays} replays, {graphs.nbytes / 2**20:.0f} MiB held", file=out)
-    if calc.neighbor_list.skin > 0 or calc.neighbor_list.auto:
-        skin = f"skin {'auto, now ' if calc.neighbor_list.auto else ''}{calc.neighbor_list.skin:g} A"
-        print(f"  nlist   : {skin}, {calc.neighbor_list.builds} lists built "
-              f"for {result.steps + 1} evaluations", file=out)
+    nl = calc.neighbor_list
+    skin = f"skin {'auto, now ' if nl.auto else ''}{nl.skin:g} A, " if nl.skin > 0 or nl.auto else ""
+    by = f", the last by {nl.source}" if nl.source else ""
+    print(f"  nlist   : {skin}{nl.builds} lists built for {result.steps + 1} evaluations{by}", file=out)
     if result.loop:
         graphed = ", half-steps graphed" if result.loop["graphs"] else ""
         print(f"  loop    : device-resident{graphed}; {result.loop['host_reads']} host reads in {result.steps} steps, "
