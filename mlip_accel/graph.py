@@ -249,9 +249,13 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _order(keys: torch.Tensor) -> torch.Tensor:
-    """Edge ids ordered by ``keys`` (stable: equal keys keep their edge order, so sums are reproducible)."""
-    return torch.sort(keys, stable=True).indices
+def _order(keys: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """Edge ids ordered by ``keys`` (stable: equal keys keep their edge order, so sums are reproducible). The keys
+    (node indices, checked to lie in ``[0, num_nodes)``) are narrowed to the smallest integer type that holds them:
+    a radix sort makes one pass per digit of the key's type, so int16 keys (up to 32,768 nodes) take a quarter of
+    int64's passes, and the order is the same."""
+    narrow = torch.int16 if num_nodes <= 1 << 15 else torch.int32 if num_nodes <= 1 << 31 else torch.int64
+    return torch.sort(keys.to(narrow), stable=True).indices
 
 
 def sort_edges(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> EdgeGraph:
@@ -260,5 +264,5 @@ def sort_edges(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -
         raise ValueError(f"num_nodes must be a non-negative int, got {num_nodes!r}")
     check_edge_indices(edge_dst, edge_src, num_nodes)
     fingerprint = None if _compiling() else edge_fingerprint(edge_dst, edge_src)
-    return EdgeGraph(num_nodes=num_nodes, num_edges=int(edge_dst.shape[0]), perm=_order(edge_dst.long()),
-                     transpose_perm=_order(edge_src.long()), fingerprint=fingerprint)
+    return EdgeGraph(num_nodes=num_nodes, num_edges=int(edge_dst.shape[0]), perm=_order(edge_dst, num_nodes),
+                     transpose_perm=_order(edge_src, num_nodes), fingerprint=fingerprint)

@@ -72,3 +72,15 @@ def test_edge_sort_cache_sorts_once_per_edge_list_and_notices_edits():
         frozen[1] = torch.tensor([1, 1])  # inference tensors keep no version: caught by the index copy
         g = cache.graph(frozen[1], frozen[0], 2)
         assert cache.sorts == 4 and g.perm.tolist() == [0, 1] and g.transpose_perm.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("num_nodes", [3, 1 << 15, (1 << 15) + 1, 70_000])
+def test_sort_keys_narrowed_give_the_int64_stable_order(num_nodes):
+    # the sort runs on int16 / int32 keys where they hold every node index (fewer radix passes): same order
+    g = torch.Generator().manual_seed(num_nodes)
+    dst = torch.randint(0, num_nodes, (5000,), generator=g)
+    dst[:3] = torch.tensor([num_nodes - 1, 0, num_nodes - 1])  # the largest index, and ties
+    src = torch.randint(0, num_nodes, (5000,), generator=g)
+    graph = mlip_accel.sort_edges(dst, src, num_nodes)
+    assert torch.equal(graph.perm, torch.sort(dst, stable=True).indices)
+    assert torch.equal(graph.transpose_perm, torch.sort(src, stable=True).indices)
