@@ -83,6 +83,8 @@ inline unsigned __ballot_sync(unsigned, bool predicate) {
 }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
+inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+inline double __dmul_rn(double a, double b) { return a * b; }
 
 namespace emu {
 typedef void (*Body)(const unsigned long long* args);

@@ -43,7 +43,7 @@ class AcceleratedCalculator(Calculator):
     skin for small systems (up to 100,000 edges within r_max, where the step is bound by the host), none
     beyond; without graphs none. 0: a new list every call. ``num_edges`` counts the list's edges up to
     r_max + skin; ``neighbor_list.builds`` how many lists were built. ``neighbor_method``: "auto" (on CUDA
-    mlip_accel's neighbour-list kernels for systems up to 20,000 atoms, vesin beyond and on the CPU), "vesin"
+    mlip_accel's neighbour-list kernels for systems up to 100,000 atoms, vesin beyond and on the CPU), "vesin"
     or "kernels" (:class:`~.neighbors.NeighborList`); ``neighbor_list.source`` says which built the last list.
     """
 

@@ -1,4 +1,5 @@
-"""Neighbour lists for MD through vesin: on the CPU, or on the GPU (through CuPy) when the model runs there.
+"""Neighbour lists for MD: on CUDA by mlip_accel's own kernels (runtime.neighbor_list), else through vesin (on the
+GPU through CuPy, or on the CPU).
 
 Edges come back ordered by receiver (the centre atom), the order the fused convolution's CSR wants,
 so the per-step sort in the model finds them nearly in place. Convention (ASE's ``ijS``): for edge e,
@@ -95,7 +96,7 @@ class NeighborList:
 
     ``device``: where the model runs. On CUDA the list is built on the GPU and the edges never cross PCIe:
     by mlip_accel's own kernels (:mod:`mlip_accel.runtime.neighbor_list`: one host synchronisation, edges
-    written in receiver order) for systems they take (up to 20,000 atoms), else by vesin's CUDA code, else on
+    written in receiver order) for systems they take (up to 100,000 atoms), else by vesin's CUDA code, else on
     the CPU. Each GPU way is compared with vesin's CPU list at its first use and dropped with a warning if it
     fails or differs. ``method``: "auto" (as above), "vesin" (never the kernels) or "kernels" (the kernels on
     any device an executor runs: the CPU emulator in tests; vesin for systems they do not take).

@@ -91,9 +91,15 @@ static __device__ __forceinline__ void image_range(const double* lattice, const 
   }
 }
 
+// The count and fill kernels must take the same decision for every pair (the fill writes where the count said),
+// so their arithmetic is spelt out with rounding intrinsics: the compiler may not contract a * b + c into an FMA
+// in one kernel and not in the other.
+
 // The Cartesian shift of image s.
 static __device__ __forceinline__ void image_vector(const double* lattice, const long long* s, double* v) {
-  for (int a = 0; a < 3; ++a) v[a] = s[0] * lattice[a] + s[1] * lattice[3 + a] + s[2] * lattice[6 + a];
+  for (int a = 0; a < 3; ++a)
+    v[a] = __fma_rn((double)s[2], lattice[6 + a], __fma_rn((double)s[1], lattice[3 + a],
+                                                            __dmul_rn((double)s[0], lattice[a])));
 }
 
 // The chunks of the group starting at ``first`` whose box, shifted by v, comes within the cutoff of p (a slightly
@@ -107,9 +113,9 @@ static __device__ __forceinline__ unsigned near_chunks(const double* boxes, cons
     for (int a = 0; a < 3; ++a) {
       const double below = boxes[6 * c + a] + v[a] - p[a], above = p[a] - boxes[6 * c + 3 + a] - v[a];
       const double gap = below > 0.0 ? below : (above > 0.0 ? above : 0.0);
-      r2 += gap * gap;
+      r2 = __fma_rn(gap, gap, r2);
     }
-    near = r2 < lattice[21] * (1.0 + 1e-9) + 1e-12;
+    near = r2 < __fma_rn(lattice[21], 1.0 + 1e-9, 1e-12);
   }
   return __ballot_sync(FULL_MASK, near);
 }
@@ -127,7 +133,7 @@ static __device__ __forceinline__ unsigned hits(const double* sorted_points, con
     double r2 = 0.0;
     for (int a = 0; a < 3; ++a) {
       const double x = sorted_points[3 * k + a] + v[a] - p[a];
-      r2 += x * x;
+      r2 = __fma_rn(x, x, r2);
     }
     hit = r2 < lattice[21] && !(zero_image && j == i);
   }
@@ -181,10 +187,11 @@ extern "C" __global__ void __launch_bounds__(${block_threads}) ${fill}(
   if (i >= atoms) return;  // the whole warp
   const unsigned below = (1u << lane) - 1u;  // the lanes before this one
   long long e = i == 0 ? 0 : ends[i - 1];
+  const long long end = ends[i];
   walk(lattice, fractions, points, sorted_points, order, boxes, atoms, chunks, i, lane,
        [&](unsigned mask, long long j, const long long* s) {
-         if ((mask >> lane) & 1u) {
-           const long long at = e + __popc(mask & below);
+         const long long at = e + __popc(mask & below);
+         if ((mask >> lane) & 1u && at < end) {  // at < end always (same walk as the count): never out of bounds
            receivers[at] = i;
            senders[at] = j;
            for (int a = 0; a < 3; ++a) unit_shifts[3 * at + a] = s[a] - wraps[3 * j + a] + wraps[3 * i + a];
