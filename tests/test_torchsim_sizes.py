@@ -19,9 +19,11 @@ from mlip_accel.graph import _order, sort_edges
 BEYOND_INT32 = 2 ** 31 + 3
 
 
-def test_order_of_more_than_2_pow_31_edges_is_int64():
+@pytest.mark.parametrize("num_nodes", [1000, 1 << 20, 1 << 40])
+def test_order_of_more_than_2_pow_31_edges_is_int64(num_nodes):
+    # the keys are sorted as int16 / int32 / int64 by the node count; the order (edge ids) is int64 whatever they are
     keys = torch.empty(BEYOND_INT32, dtype=torch.int64, device="meta")
-    perm = _order(keys)
+    perm = _order(keys, num_nodes)
     assert perm.dtype == torch.int64 and perm.shape == (BEYOND_INT32,)
 
 
