@@ -144,14 +144,7 @@ def main(argv=None) -> None:
                  ("evaluation on a new list each call (clone included)", _median_ms(part_eval_new_list, args.reps)),
                  ("results to the host", _median_ms(part_host, args.reps))]
         if symx is not None:
-            atoms_s = ase_atoms(pos, cell, pbc)
-            atoms_s.calc = symx
-
-            def symx_call():
-                atoms_s.positions = moved()
-                return atoms_s.get_forces()
-
-            rows.append(("Symmetrix-XL ASE call", _median_ms(symx_call, args.reps)))
+            rows.append(("Symmetrix-XL ASE call", _ase_call_ms(symx, pos, cell, pbc, moved, args.reps)))
         if args.compare_list:
             rows += _list_comparison(potential, pos, cell, pbc, moved, args.reps)
         if untabulated is not None:
@@ -215,25 +208,31 @@ def _set_radial_table(model, table: str) -> None:
             module.table = "auto" if table == "auto" else False
 
 
+def _ase_call_ms(calc, pos, cell, pbc, moved, reps) -> float:
+    """Median ms of ``atoms.get_forces()`` through ``calc``, the atoms moved (``moved()``) before every call."""
+    from bench_md_sweep import ase_atoms
+
+    atoms = ase_atoms(pos, cell, pbc)
+    atoms.calc = calc
+
+    def call():
+        atoms.positions = moved()
+        return atoms.get_forces()
+
+    return _median_ms(call, reps)
+
+
 def _list_comparison(potential, pos, cell, pbc, moved, reps) -> list:
     """Rows: vesin's GPU list alone and the ASE call built on it (the calculator's default on CUDA is
     mlip_accel's list kernels)."""
-    from bench_md_sweep import ase_atoms
-
     from mlip_accel.integrations.ase import AcceleratedCalculator
 
     other = AcceleratedCalculator(potential, neighbor_skin=0.0, neighbor_method="vesin")
-    atoms_o = ase_atoms(pos, cell, pbc)
-    atoms_o.calc = other
-
-    def other_call():
-        atoms_o.positions = moved()
-        return atoms_o.get_forces()
 
     def other_list():
         other.neighbor_list(moved(), cell, pbc)
 
-    rows = [("ASE call, vesin's list", _median_ms(other_call, reps)),
+    rows = [("ASE call, vesin's list", _ase_call_ms(other, pos, cell, pbc, moved, reps)),
             (f"neighbour list by {other.neighbor_list.source}", _median_ms(other_list, reps))]
     other.evaluator.release()
     return rows
@@ -248,14 +247,7 @@ def _table_comparison(calc, untabulated, pos, cell, pbc, moved, reps) -> list:
     from mlip_accel.testing import rel_err
 
     other = AcceleratedCalculator(untabulated, neighbor_skin=0.0)
-    atoms_o = ase_atoms(pos, cell, pbc)
-    atoms_o.calc = other
-
-    def other_call():
-        atoms_o.positions = moved()
-        return atoms_o.get_forces()
-
-    rows = [("ASE call, radial tables off", _median_ms(other_call, reps))]
+    rows = [("ASE call, radial tables off", _ase_call_ms(other, pos, cell, pbc, moved, reps))]
     atoms_a, atoms_b = ase_atoms(pos, cell, pbc), ase_atoms(pos, cell, pbc)
     atoms_a.calc, atoms_b.calc = calc, other
     fa, fb = (torch.as_tensor(a.get_forces()) for a in (atoms_a, atoms_b))
