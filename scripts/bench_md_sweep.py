@@ -7,7 +7,7 @@ Models: bench_md's (MACE-MP-0-medium size, NequIP OAM-L size; random weights), s
 
 - step columns (one synchronised energy + forces call on device tensors, neighbour list prebuilt, as
   scripts/bench_md_graphs.py): ``e3nn`` eager; ``eager`` mlip_accel; ``auto`` mlip_accel with
-  ``cuda_graphs="auto"`` (graphs up to DEFAULT_AUTO_MAX_EDGES padded edges, eager and unpadded beyond);
+  ``cuda_graphs="auto"`` (graphs up to the framework's auto_max_edges padded edges, eager and unpadded beyond);
   ``forced`` mlip_accel with ``cuda_graphs=True`` (graphs at every size: where it is slower than ``eager``
   the auto limit is right to stop);
 - ASE columns (``atoms.get_forces()`` after moving every atom by up to 0.02 A: neighbour list, model, results
@@ -98,7 +98,7 @@ def run(args, save=None) -> dict:
     from bench_graphs import build_graph
 
     from mlip_accel.integrations.ase import AcceleratedCalculator
-    from mlip_accel.integrations.cuda_graphs import DEFAULT_AUTO_MAX_EDGES, StepEvaluator
+    from mlip_accel.integrations.cuda_graphs import StepEvaluator, auto_max_edges
     from mlip_accel.integrations.potentials import potential_from_model
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke test, no graphs
@@ -183,10 +183,10 @@ def run(args, save=None) -> dict:
             ase_cases(args, head, pos, cell, pbc, potentials, symx, symx_status, device, t_start, cases,
                       AcceleratedCalculator)
             if save is not None:
-                save(_result(args, device, t_start, cases, DEFAULT_AUTO_MAX_EDGES, partial=True))
+                save(_result(args, device, t_start, cases, auto_max_edges(args.framework), partial=True))
         del potentials, symx
         _free(device)
-    return _result(args, device, t_start, cases, DEFAULT_AUTO_MAX_EDGES, partial=False)
+    return _result(args, device, t_start, cases, auto_max_edges(args.framework), partial=False)
 
 
 def _result(args, device, t_start, cases, auto_max_edges, partial: bool) -> dict:
@@ -278,8 +278,9 @@ def markdown(parts: list) -> str:
     if parts:
         lines += [f"Device: {parts[0]['device']}. Milliseconds per synchronised call (median). Step = energy + "
                   "forces on device tensors, neighbour list prebuilt; ASE = `atoms.get_forces()` after a move of "
-                  f"up to {MOVE} A (neighbour list included). auto: graphs up to {parts[0]['auto_max_edges']} "
-                  "padded edges, eager beyond; forced: graphs at every size (scripts/bench_md_sweep.py).", ""]
+                  f"up to {MOVE} A (neighbour list included). auto: graphs up to "
+                  + ", ".join(f"{p['auto_max_edges']} ({p['framework']})" for p in parts)
+                  + " padded edges, eager beyond; forced: graphs at every size (scripts/bench_md_sweep.py).", ""]
     for part in parts:
         for dtype in sorted({c["dtype"] for c in part["cases"]}):
             ok = {(c["graph"], c["impl"]): c for c in part["cases"]

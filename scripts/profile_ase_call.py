@@ -19,7 +19,10 @@ With ``--radial-table off`` the MACE blocks' radial MLPs run as networks instead
 "auto", the default, tabulates them on CUDA in float32); ``--compare-table`` adds, per size, the ASE call with
 the tables off and the forces' relative difference between the two to the table; ``--compare-list`` adds the
 neighbour list and the ASE call with vesin's GPU list instead of mlip_accel's list kernels (the default on CUDA);
-``--no-profile`` skips the profiles.
+``--compare-graphs`` adds the ASE call with CUDA graphs off and forced on (``cuda_graphs=True``, edge headroom
+1.10 as by default and 1.01), each with its device allocations (cudaMalloc) per call and peak memory: where the
+automatic limit should stop graphs; ``--no-profile`` skips the profiles. The profile ends with the CUDA runtime
+calls of three ASE calls (allocations and synchronisations stall an eager step).
 
     python scripts/profile_ase_call.py --cells 5 10 --out DIR
 """
@@ -83,6 +86,7 @@ def main(argv=None) -> None:
     parser.add_argument("--radial-table", choices=["auto", "off"], default="auto")
     parser.add_argument("--compare-table", action="store_true")
     parser.add_argument("--compare-list", action="store_true")
+    parser.add_argument("--compare-graphs", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -147,6 +151,8 @@ def main(argv=None) -> None:
             rows.append(("Symmetrix-XL ASE call", _ase_call_ms(symx, pos, cell, pbc, moved, args.reps)))
         if args.compare_list:
             rows += _list_comparison(potential, pos, cell, pbc, moved, args.reps)
+        if args.compare_graphs:
+            rows += _graphs_comparison(potential, pos, cell, pbc, moved, args.reps)
         if untabulated is not None:
             rows += _table_comparison(calc, untabulated, pos, cell, pbc, moved, args.reps)
         head = (f"# The full ASE call and its parts: MACE-MP-0-medium size, carbon-{cells}c ({graph.num_nodes} atoms, "
@@ -193,6 +199,11 @@ def main(argv=None) -> None:
                   averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60), "```",
                   "", "## 3 ASE calls: operations by host time", "", "```",
                   averages.table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60), "```"]
+        runtime = [e for e in averages if e.key.startswith(("cuda", "cu"))]
+        lines += ["", "## 3 ASE calls: CUDA runtime calls (count, host ms)", "", "| call | count | host ms |",
+                  "|---|---:|---:|"]
+        lines += [f"| {e.key} | {e.count} | {e.cpu_time_total / 1000:.2f} |"
+                  for e in sorted(runtime, key=lambda e: -e.cpu_time_total)]
         with open(os.path.join(args.out, f"profile_ase_call_{cells}c.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
         calc.evaluator.wrapped.release()
@@ -235,6 +246,34 @@ def _list_comparison(potential, pos, cell, pbc, moved, reps) -> list:
     rows = [("ASE call, vesin's list", _ase_call_ms(other, pos, cell, pbc, moved, reps)),
             (f"neighbour list by {other.neighbor_list.source}", _median_ms(other_list, reps))]
     other.evaluator.release()
+    return rows
+
+
+def _graphs_comparison(potential, pos, cell, pbc, moved, reps) -> list:
+    """Rows: the ASE call with CUDA graphs off and forced on (two edge headrooms), no skin, with the device
+    allocations per call and the peak memory of each."""
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+    from mlip_accel.integrations.padding import EdgeCapacity
+
+    rows = []
+    for label, graphs, headroom in (("off", False, None), ("forced, headroom 1.10", True, 1.10),
+                                    ("forced, headroom 1.01", True, 1.01)):
+        other = AcceleratedCalculator(potential, cuda_graphs=graphs, neighbor_skin=0.0)
+        if headroom is not None:
+            other.evaluator.capacity = EdgeCapacity(headroom=headroom)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_stats()
+        ms = _ase_call_ms(other, pos, cell, pbc, moved, reps)
+        after = torch.cuda.memory_stats()
+        calls = reps + 3  # _median_ms's warm-up calls included
+        allocs = (after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0)) / calls
+        rows += [(f"ASE call, CUDA graphs {label}", ms),
+                 (f"  its cudaMalloc per call (not ms; edge capacity {other.edge_capacity})", allocs),
+                 ("  its peak memory GB (not ms)", torch.cuda.max_memory_allocated() / 1e9)]
+        other.evaluator.release()
+        del other
+        torch.cuda.empty_cache()
     return rows
 
 

@@ -23,9 +23,9 @@ of the graphs before it instead of reserving its own, so the cache holds about a
 plus the outputs of the others (graphs replay one at a time, on one stream, and every graph's static inputs
 and outputs stay allocated, so no replay overwrites another graph's live data).
 
-With ``cuda_graphs="auto"`` graphs switch themselves off for lists above :data:`DEFAULT_AUTO_MAX_EDGES`
-padded edges, where the eager step is bound by the GPU and a graph would only add the padding's work: those
-steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps graphs up to
+With ``cuda_graphs="auto"`` graphs switch themselves off for lists above :func:`auto_max_edges` padded edges
+(per framework: :data:`AUTO_MAX_EDGES`), where the eager step is bound by the GPU and a graph would only add the
+padding's work: those steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps graphs up to
 :data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond).
 
 A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is noticed through
@@ -51,17 +51,20 @@ WARMUP_CALLS = 2  # eager calls on a side stream before a capture: lazy initiali
 DEFAULT_MAX_GRAPHS = 8
 DEFAULT_MAX_GRAPH_EDGES = 4_000_000  # cuda_graphs=True: beyond this a padded list runs eagerly (graph memory)
 
-# Where a graph stops helping. The eager step costs max(host time, GPU time): its host time (a few hundred
-# launches from Python) hardly depends on the system size, its GPU time grows with the edges. A replay costs the
-# GPU time of the padded list alone. The gain (eager - graphed) therefore shrinks with the edges; beyond the
-# size where it reaches zero a graph only adds the padding's extra edges (up to the 10 % headroom). Measured
-# anchors, fp32, the same run (scripts/bench_md_sweep.py, benchmarks/bench_md_sweep.md): real edges, eager ms,
-# graphed ms (padded list) at 1000 and 2744 atoms of diamond carbon at a 6 A cutoff. (The H200 anchors of
-# issue 13, taken before the symmetric-contraction kernels halved MACE's GPU time, put the break-even at 2.2e5.)
-_BREAK_EVEN_ANCHORS = (
-    ("H100 MACE-MP-0-medium size, 2026-11-23", (158_000, 35.85, 10.69), (433_552, 39.91, 25.75)),  # 8.7e5
-    ("H100 NequIP OAM-L size, 2026-11-23", (158_000, 73.11, 31.26), (433_552, 90.56, 77.18)),  # 6.2e5
-)
+# Where a graph stops helping, per framework. The eager step costs max(host time, GPU time) plus the GPU's idle
+# while the host issues the backward's launches late; its host time hardly depends on the system size, its GPU
+# time grows with the edges. A replay costs the GPU time of the padded list alone. The gain (eager - graphed)
+# therefore shrinks with the edges; beyond the size where it reaches zero a graph only adds the padding's extra
+# edges (up to the 10 % headroom). Measured anchors, fp32 (scripts/bench_md_sweep.py --impls eager forced,
+# benchmarks/cuda_graphs_notes.md): real edges, eager ms, graphed ms (padded list) at 1000 and 8000 atoms of
+# diamond carbon at a 6 A cutoff. (The 2026-11-23 anchors, at 1000 and 2744 atoms before the MACE step's GPU time
+# halved, put both limits near 6-9e5.)
+_BREAK_EVEN_ANCHORS = {
+    "mace": ("H100 MACE-MP-0-medium size, 2026-11-25, one run",
+             (158_000, 26.20, 5.52), (1_264_000, 40.34, 35.41)),  # 1.77e6
+    "nequip": ("H100 NequIP OAM-L size, 2026-11-25, two runs on one machine (1000 atoms 3 repetitions, 8000 20)",
+               (158_000, 66.27, 18.95), (1_264_000, 126.57, 126.83)),  # 1.38e6
+}
 
 
 def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
@@ -85,9 +88,17 @@ def break_even_edges(small, large, headroom: float = 1.1) -> float:
     return (e_small + gain_small * (e_large - e_small) / (gain_small - gain_large)) * headroom
 
 
-# the smallest break-even of the anchors (NequIP on an H100), rounded down to 10,000: 610,000 padded edges,
-# about 3500 atoms of diamond carbon at a 6 A cutoff. Below it every anchor gains from graphs.
-DEFAULT_AUTO_MAX_EDGES = int(min(break_even_edges(*a[1:]) for a in _BREAK_EVEN_ANCHORS) // 10_000 * 10_000)
+# Each framework's break-even, rounded down to 10,000 padded edges: MACE 1,770,000 (about 10,000 atoms of diamond
+# carbon at a 6 A cutoff), NequIP 1,380,000 (about 7,900). Below it that framework's anchors gain from graphs.
+AUTO_MAX_EDGES = {framework: int(break_even_edges(*anchor[1:]) // 10_000 * 10_000)
+                  for framework, anchor in _BREAK_EVEN_ANCHORS.items()}
+# a framework without anchors of its own takes the smallest
+DEFAULT_AUTO_MAX_EDGES = min(AUTO_MAX_EDGES.values())
+
+
+def auto_max_edges(framework: str) -> int:
+    """The padded edge count above which ``cuda_graphs="auto"`` runs a ``framework`` model eagerly."""
+    return AUTO_MAX_EDGES.get(framework, DEFAULT_AUTO_MAX_EDGES)
 
 
 def resolve_cuda_graphs(cuda_graphs, device: torch.device) -> bool:
@@ -389,8 +400,8 @@ class StepEvaluator:
     """Energy, per-atom energies, forces and (when asked) stress of one structure, from device tensors.
 
     ``cuda_graphs``: "auto" (on for CUDA devices, off above ``max_graph_edges`` padded edges, default
-    :data:`DEFAULT_AUTO_MAX_EDGES`), True (default ``max_graph_edges``: :data:`DEFAULT_MAX_GRAPH_EDGES`) or
-    False. ``pad_edges``: pad the neighbour list to an edge capacity with inert edges (default: whenever
+    :func:`auto_max_edges` of the potential's framework), True (default ``max_graph_edges``:
+    :data:`DEFAULT_MAX_GRAPH_EDGES`) or False. ``pad_edges``: pad the neighbour list to an edge capacity with inert edges (default: whenever
     graphs are on, and then only for lists that run as graphs; works on the CPU too). ``headroom`` and
     ``growth``: the capacity policy (:class:`~.padding.EdgeCapacity`). ``num_edges`` and ``edge_capacity``
     report the last call's real and padded edge counts.
@@ -409,7 +420,8 @@ class StepEvaluator:
         self.capacity = EdgeCapacity(headroom, growth)
         auto = cuda_graphs == "auto" or cuda_graphs is None
         if max_graph_edges is None:
-            max_graph_edges = DEFAULT_AUTO_MAX_EDGES if auto else DEFAULT_MAX_GRAPH_EDGES
+            max_graph_edges = (auto_max_edges(getattr(potential, "framework", "?")) if auto
+                               else DEFAULT_MAX_GRAPH_EDGES)
         self.graphs = GraphCache(potential, max_graphs, max_graph_bytes, max_graph_edges,
                                  warn_large=not auto) if graphs else None
         self.num_edges = 0
@@ -489,5 +501,5 @@ class StepEvaluator:
         return self.graphs.replayer() if self._replayed else None
 
 
-__all__ = ["DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay", "StepEvaluator",
-           "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs", "warm_up"]
+__all__ = ["AUTO_MAX_EDGES", "DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay",
+           "StepEvaluator", "auto_max_edges", "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs", "warm_up"]
