@@ -6,7 +6,8 @@ Per size (diamond carbon, the bench graphs' cells, positions moved by up to 0.02
 as bench_md's MACE model): the median wall time of ``NeighborList(...)(positions, cell, pbc)`` with the GPU
 synchronised after it, the edges, and whether each list holds vesin's CPU pairs (vesin on the CPU only up to
 --cpu-max-atoms). JSON and a markdown table in --out; with --profile, the kernels' list under torch.profiler (GPU
-and host time by operation) per size in bench_neighbor_list_profile.md.
+and host time by operation) and under cProfile (the host's Python time by function) per size in
+bench_neighbor_list_profile.md.
 
     python scripts/bench_neighbor_list.py --cells 3 5 10 --out DIR
 """
@@ -93,8 +94,21 @@ def main(argv=None) -> None:
 
 
 def _profile(build, atoms: int) -> str:
-    """Five builds under torch.profiler: operations by GPU time, and by host time."""
+    """Five builds under torch.profiler: operations by GPU time, and by host time; 100 builds under cProfile."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
+
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(100):
+        build()
+    torch.cuda.synchronize()
+    host.disable()
+    text = io.StringIO()
+    pstats.Stats(host, stream=text).sort_stats("tottime").print_stats(30)
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
@@ -103,7 +117,9 @@ def _profile(build, atoms: int) -> str:
     averages = prof.key_averages()
     return "\n".join([f"## {atoms} atoms, 5 lists by the kernels", "", "```",
                       averages.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=50),
-                      averages.table(sort_by="cpu_time_total", row_limit=15, max_name_column_width=50), "```"])
+                      averages.table(sort_by="cpu_time_total", row_limit=15, max_name_column_width=50), "```", "",
+                      f"## {atoms} atoms, 100 lists by the kernels: host time by Python function (cProfile, own time)",
+                      "", "```", text.getvalue().strip(), "```"])
 
 
 if __name__ == "__main__":

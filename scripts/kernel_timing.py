@@ -207,9 +207,27 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
     return rows
 
 
-def once(problem, dtype, num_nodes: int, num_edges: int, rounds: int = 2) -> None:
-    """Deterministic forward and backward, ``rounds`` times (for a profiler: skip the first round)."""
-    x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
+def graph_case(problem, dtype, graph_name: str):
+    """Seeded random inputs and output gradient on a graph of bench_graphs (e.g. carbon-8k: the spatial locality
+    of a real neighbour list, which a random graph lacks), edges sorted."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_graphs import build_graph
+
+    g = build_graph(graph_name, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=gen)  # noqa: E731
+    n, e = g.num_nodes, g.num_edges
+    x, y, w = rnd(n, problem.dim_in1), rnd(e, problem.dim_in2), rnd(e, problem.weight_numel)
+    return x, y, w, rnd(n, problem.dim_out), g.edge_dst, g.edge_src, sort_edges(g.edge_dst, g.edge_src, n)
+
+
+def once(problem, dtype, num_nodes: int, num_edges: int, rounds: int = 2, graph_name: str = "") -> None:
+    """Deterministic forward and backward, ``rounds`` times (for a profiler: skip the first round), on a random
+    graph of ``num_nodes`` and ``num_edges`` or the named graph of bench_graphs."""
+    x, y, w, gz, dst, src, graph = (graph_case(problem, dtype, graph_name) if graph_name else
+                                    random_case(problem, dtype, num_nodes, num_edges))
     for _ in range(rounds):
         cuda.conv_forward(problem, x, y, w, dst, src, graph.perm)
         cuda.conv_backward(problem, x, y, w, gz, dst, src, graph.transpose_perm)
@@ -229,11 +247,13 @@ def main() -> None:
                         help="what --sweep times: forward, backward, double (the fused double backward)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--once", default="", help="problem:dtype: run det forward + backward twice, no timing")
+    parser.add_argument("--graph", default="", help="--once on this graph of bench_graphs (e.g. carbon-8k), "
+                        "not a random one")
     args = parser.parse_args()
     specs = {p["name"]: p for p in bench_problem_specs()}
     if args.once:
         name, dt = args.once.split(":")
-        once(bench_problem(specs[name]), dtype_of(dt), args.nodes, args.edges)
+        once(bench_problem(specs[name]), dtype_of(dt), args.nodes, args.edges, graph_name=args.graph)
         return
     bandwidth = copy_bandwidth_gbps(2**30, reps=10) * 1e9
     print(f"GPU {torch.cuda.get_device_name()}, copy bandwidth {bandwidth / 1e9:.0f} GB/s (read+write)", flush=True)

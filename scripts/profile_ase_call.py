@@ -21,7 +21,9 @@ the tables off and the forces' relative difference between the two to the table;
 neighbour list and the ASE call with vesin's GPU list instead of mlip_accel's list kernels (the default on CUDA);
 ``--compare-graphs`` adds the ASE call with CUDA graphs off and forced on (``cuda_graphs=True``, edge headroom
 1.10 as by default and 1.01), each with its device allocations (cudaMalloc) per call and peak memory: where the
-automatic limit should stop graphs; ``--no-profile`` skips the profiles. The profile ends with the CUDA runtime
+automatic limit should stop graphs; ``--host-timeline`` adds the host's time line of an ASE call (medians of
+the segments between the call's start, the neighbour list, the evaluator's graph launch and the results' copy:
+until the launch the GPU has only the list's few kernels to run); ``--no-profile`` skips the profiles. The profile ends with the CUDA runtime
 calls of three ASE calls (allocations and synchronisations stall an eager step).
 
     python scripts/profile_ase_call.py --cells 5 10 --out DIR
@@ -69,6 +71,19 @@ class Labelled:
         return getattr(self.wrapped, attr)
 
 
+class Stamped:
+    """``wrapped`` (an object the calculator calls) whose calls go through ``call``; its attributes are its own."""
+
+    def __init__(self, call, wrapped):
+        self.call, self.wrapped = call, wrapped
+
+    def __call__(self, *args, **kwargs):
+        return self.call(*args, **kwargs)
+
+    def __getattr__(self, attr):
+        return getattr(self.wrapped, attr)
+
+
 def main(argv=None) -> None:
     import bench_md
     from bench_graphs import build_graph
@@ -87,6 +102,7 @@ def main(argv=None) -> None:
     parser.add_argument("--compare-table", action="store_true")
     parser.add_argument("--compare-list", action="store_true")
     parser.add_argument("--compare-graphs", action="store_true")
+    parser.add_argument("--host-timeline", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -151,6 +167,8 @@ def main(argv=None) -> None:
             rows.append(("Symmetrix-XL ASE call", _ase_call_ms(symx, pos, cell, pbc, moved, args.reps)))
         if args.compare_list:
             rows += _list_comparison(potential, pos, cell, pbc, moved, args.reps)
+        if args.host_timeline:
+            rows += _host_timeline(calc, ase_call, args.reps)
         if args.compare_graphs:
             rows += _graphs_comparison(potential, pos, cell, pbc, moved, args.reps)
         if untabulated is not None:
@@ -246,6 +264,53 @@ def _list_comparison(potential, pos, cell, pbc, moved, reps) -> list:
     rows = [("ASE call, vesin's list", _ase_call_ms(other, pos, cell, pbc, moved, reps)),
             (f"neighbour list by {other.neighbor_list.source}", _median_ms(other_list, reps))]
     other.evaluator.release()
+    return rows
+
+
+def _host_timeline(calc, ase_call, reps) -> list:
+    """Rows: medians of the host's segments of an ASE call (no synchronisation added): from the call's start to
+    the neighbour list, the list, to the evaluator, the evaluator until its graph launch, the launch, the rest of
+    the evaluator, to the results' copy, the copy (it waits for the GPU), to the call's end."""
+    import time
+
+    import mlip_accel.integrations.potentials.base as base
+
+    stamps, rounds = {}, []
+
+    def stamped(label, fn):
+        def call(*args, **kwargs):
+            stamps[label] = time.perf_counter()
+            out = fn(*args, **kwargs)
+            stamps[label + " done"] = time.perf_counter()
+            return out
+        return call
+
+    saved = calc.neighbor_list, calc.evaluator, torch.cuda.CUDAGraph.replay, base.to_numpy
+    calc.neighbor_list = Stamped(stamped("list", saved[0]), saved[0])
+    calc.evaluator = Stamped(stamped("evaluator", saved[1]), saved[1])
+    torch.cuda.CUDAGraph.replay = stamped("replay", saved[2])
+    base.to_numpy = stamped("copy", saved[3])
+    try:
+        for _ in range(reps + 3):
+            stamps.clear()
+            start = time.perf_counter()
+            ase_call()
+            stamps["end"] = time.perf_counter()
+            if "replay" in stamps:
+                rounds.append((start, dict(stamps)))
+    finally:
+        calc.neighbor_list, calc.evaluator, torch.cuda.CUDAGraph.replay, base.to_numpy = saved
+    if len(rounds) <= 3:
+        return [("host time line: no graph was replayed (not ms)", float("nan"))]
+    order = [("call start", None), ("list", "list"), ("list done", "list done"), ("evaluator", "evaluator"),
+             ("replay", "replay"), ("replay done", "replay done"), ("evaluator done", "evaluator done"),
+             ("copy", "copy"), ("copy done", "copy done"), ("call end", "end")]
+    rows = []
+    for (a, ka), (b, kb) in zip(order, order[1:]):
+        ms = statistics.median(1000 * (st[kb] - (t0 if ka is None else st[ka])) for t0, st in rounds[3:])
+        rows.append((f"host: {a} -> {b}", ms))
+    rows.append(("host: call start -> graph launch (the GPU idles but for the list)",
+                 statistics.median(1000 * (st["replay"] - t0) for t0, st in rounds[3:])))
     return rows
 
 
