@@ -32,6 +32,12 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __shared__ static
 inline void __syncthreads() { pthread_barrier_wait(emu::tl_block_bar); }
 
+// CUDA's vector types the generated kernels load and store whole (16 or 8 bytes per access)
+struct float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
 template <class T> inline T __ldg(const T* p) { return *p; }
 template <class T> inline T __ldcs(const T* p) { return *p; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }

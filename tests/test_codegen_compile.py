@@ -226,7 +226,8 @@ def test_radial_basis_kernels_compile_with_nvrtc(dtype, arch):
 def test_radial_table_kernels_compile_with_nvrtc(dtype, arch):
     from mlip_accel.codegen.radial_table import radial_table_program
 
-    _assert_program_compiles(radial_table_program(37, dtype), arch)
+    for outputs in (37, 38, 1280):  # one value, pairs and (fp32) quads per lane access
+        _assert_program_compiles(radial_table_program(outputs, dtype), arch)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

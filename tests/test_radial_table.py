@@ -142,12 +142,22 @@ def test_program_states_the_launch_contract():
         radial_table_program(3, "float16")
 
 
+def test_lanes_access_the_widest_vector_the_outputs_divide_into():
+    from mlip_accel.codegen.radial_table import access_width
+
+    assert [access_width(n, "float32")[0] for n in (1280, 38, 37)] == [4, 2, 1]
+    assert [access_width(n, "float64")[0] for n in (1280, 38, 37)] == [2, 2, 1]
+    source = radial_table_program(1280, "float32").source
+    assert "typedef float4 V;" in source and "w.w = c0.w" in source
+
+
 @emulated_only
+@pytest.mark.parametrize("outputs", [37, 38, 40], ids=["scalar", "pairs", "quads"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_emulated_kernels_equal_the_torch_lookup(emulated, dtype):
+def test_emulated_kernels_equal_the_torch_lookup(emulated, dtype, outputs):
     from mlip_accel.runtime import radial_table as runtime
 
-    coeffs = torch.randn(16, 4, 37, dtype=dtype)
+    coeffs = torch.randn(16, 4, outputs, dtype=dtype)
     r_max = torch.tensor([R_MAX], dtype=dtype)
     r = torch.cat([_lengths(70, dtype), torch.tensor([float("nan"), 0.0, R_MAX], dtype=dtype)])
     order = torch.argsort(r)
@@ -157,9 +167,15 @@ def test_emulated_kernels_equal_the_torch_lookup(emulated, dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-13
     keep = torch.arange(len(r)) != 70
     assert rel_err(out[keep], want[keep]) <= tol
-    g = torch.randn(len(r), 37, dtype=dtype)
+    g = torch.randn(len(r), outputs, dtype=dtype)
     gr = runtime.backward(coeffs, r_max, r[keep], torch.argsort(r[keep]), g[keep])
     assert rel_err(gr, reference.lookup_backward(coeffs, r[keep], R_MAX, g[keep])) <= tol
+    # a gradient that starts one value into its storage (not 16-byte aligned) is read right all the same
+    rows = int(keep.sum())
+    shifted = torch.empty(rows * outputs + 1, dtype=dtype)[1:].view(rows, outputs)
+    shifted.copy_(g[keep])
+    assert shifted.data_ptr() % 16 != 0
+    assert torch.equal(runtime.backward(coeffs, r_max, r[keep], torch.argsort(r[keep]), shifted), gr)
 
 
 @emulated_only

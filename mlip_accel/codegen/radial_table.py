@@ -1,7 +1,8 @@
 """CUDA source and launch plans of a tabulated radial network (templates/radial_table.cu): the table's value per
 edge (forward) and the lengths' gradient (backward). One program per number of outputs and dtype; the table,
 ``r_max`` and the interval count are arguments, so a rebuilt table (new weights) never leaves a stale constant
-in a compiled kernel."""
+in a compiled kernel. Lanes read and write 16 bytes at a time (float4 / double2) where the outputs divide by it,
+8 (float2) where they divide by 2 in fp32, else one value."""
 from __future__ import annotations
 
 import functools
@@ -14,6 +15,18 @@ FAMILY = "radial_table"
 DTYPES = ("float32", "float64")
 BLOCK_THREADS = 128
 _SUFFIX = {"float32": "f32", "float64": "f64"}
+# (values per access, CUDA vector type) from the widest down, per dtype
+_VECTORS = {"float32": ((4, "float4"), (2, "float2"), (1, "float")), "float64": ((2, "double2"), (1, "double"))}
+_COMPONENTS = ("x", "y", "z", "w")
+
+
+def access_width(outputs: int, dtype: str) -> tuple[int, str]:
+    """(values per lane access, its CUDA type) of a table of ``outputs`` columns: the widest that divides them."""
+    return next((w, v) for w, v in _VECTORS[dtype] if outputs % w == 0)
+
+
+def _per_component(width: int, line) -> list[str]:
+    return [line("") if width == 1 else line("." + k) for k in _COMPONENTS[:width]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,8 +50,14 @@ def radial_table_program(outputs: int, dtype: str) -> Program:
     backward = LaunchPlan(FAMILY, f"{name}_bwd", (*common, Argument(
         "grad_out", f"const {t}*", "input", f"[num_edges, {outputs}] row-major"), Argument(
         "grad_lengths", f"{t}*", "output", "[num_edges]"), *scalars), grid, tuning=tuning)
+    width, vector = access_width(outputs, dtype)
+    horner = _per_component(width, lambda k: f"  w{k} = c0{k} + t * (c1{k} + t * (c2{k} + t * c3{k}));")
+    slope = _per_component(width, lambda k: f"g{k} * (c1{k} + t * (T(2) * c2{k} + T(3) * t * c3{k}))")
+    splat = _per_component(width, lambda k: f"  w{k} = v;")
     source = template("radial_table.cu").substitute(
-        dtype=dtype, outputs=outputs, prelude=template("prelude.cuh").substitute(scalar=t),
+        dtype=dtype, outputs=outputs, prelude=template("prelude.cuh").substitute(scalar=t), width=width,
+        vector=vector, access=width * (4 if dtype == "float32" else 8), horner="\n".join(horner),
+        slope_dot=" + ".join(slope), splat="\n".join(splat),
         block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,
         forward_parameters=forward.parameters(), backward_parameters=backward.parameters())
     return Program(name, source, (forward, backward))

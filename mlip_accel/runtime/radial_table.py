@@ -8,6 +8,12 @@ from ..codegen.radial_table import radial_table_program
 from .launch_plan import float_dtype_name, launch, written
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and at a 16-byte aligned address (the kernels' vector accesses: codegen.radial_table)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def _values(coeffs, r_max, lengths, order) -> tuple:
     dtype = float_dtype_name(lengths.dtype, "radial table")
     if coeffs.dim() != 3 or coeffs.shape[1] != 4 or lengths.dim() != 1 or order.shape != lengths.shape:
@@ -20,7 +26,7 @@ def _values(coeffs, r_max, lengths, order) -> tuple:
         raise ValueError(f"coeffs and r_max must be {lengths.dtype} and order int64, got {coeffs.dtype}, "
                          f"{r_max.dtype}, {order.dtype}")
     program = radial_table_program(coeffs.shape[2], dtype)
-    return program, dict(coeffs=coeffs.contiguous(), r_max=r_max.reshape(1), lengths=lengths.contiguous(),
+    return program, dict(coeffs=_aligned(coeffs), r_max=r_max.reshape(1), lengths=lengths.contiguous(),
                          order=order.contiguous(), intervals=coeffs.shape[0], num_edges=lengths.shape[0])
 
 
@@ -40,6 +46,6 @@ def backward(coeffs, r_max, lengths, order, grad_out) -> torch.Tensor:
         raise ValueError(f"grad_out must be {lengths.dtype} [{lengths.shape[0]}, {coeffs.shape[2]}], got "
                          f"{grad_out.dtype} {tuple(grad_out.shape)}")
     grad = written(lengths.shape, lengths)
-    launch(program, program.plans[1], dict(values, grad_out=grad_out.contiguous(), grad_lengths=grad),
+    launch(program, program.plans[1], dict(values, grad_out=_aligned(grad_out), grad_lengths=grad),
            lengths.device)
     return grad
