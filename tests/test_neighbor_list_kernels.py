@@ -211,3 +211,49 @@ def test_an_impossible_edge_count_is_an_error_not_an_allocation():
 def test_no_atoms_no_edges(emulated):
     ours = _kernels(np.zeros((0, 3)), np.eye(3) * 5.0, [True] * 3, 3.0)
     assert ours.num_edges == 0 and ours.unit_shifts.shape == (0, 3)
+
+
+def _filled(positions, cell, pbc, cutoff, capacity, shift=(2, 0, -1)):
+    """fill_into on buffers of ``capacity`` slots poisoned with -7: (receivers, senders, unit_shifts, count)."""
+    buffers = [torch.full((capacity,), -7, dtype=torch.int64), torch.full((capacity,), -7, dtype=torch.int64),
+               torch.full((capacity, 3), -7, dtype=torch.int64)]
+    count = K.KernelNeighborList("cpu").fill_into(*N._host_inputs(positions, cell, pbc), cutoff, *buffers,
+                                                  torch.tensor(shift))
+    return (*buffers, count)
+
+
+@emulated_only
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5]], ids=lambda c: c[0])
+def test_emulated_fill_into_a_capacity_pads_with_inert_edges(emulated, case):
+    _, positions, cell, pbc, cutoff = case
+    listed = _kernels(positions, cell, pbc, cutoff)
+    n, edges = len(positions), listed.num_edges
+    receivers, senders, shifts, count = _filled(positions, cell, pbc, cutoff, edges + 75)
+    assert count.shape == (1,) and int(count) == edges
+    assert torch.equal(receivers[:edges], listed.receivers) and torch.equal(senders[:edges], listed.senders)
+    assert torch.equal(shifts[:edges], listed.unit_shifts)
+    # every slot written: the k-th padding edge a self-edge of atom k mod n with the padding shift
+    k = torch.arange(75)
+    assert torch.equal(receivers[edges:], k % n) and torch.equal(senders[edges:], k % n)
+    assert torch.equal(shifts[edges:], torch.tensor([[2, 0, -1]]).expand(75, 3))
+
+
+@emulated_only
+def test_emulated_fill_into_too_small_a_capacity_writes_only_the_capacity(emulated):
+    _, positions, cell, pbc, cutoff = CASES[0]
+    listed = _kernels(positions, cell, pbc, cutoff)
+    capacity = listed.num_edges // 3
+    receivers, senders, shifts, count = _filled(positions, cell, pbc, cutoff, capacity)
+    assert int(count) == listed.num_edges > capacity  # the caller sees that the list did not fit
+    assert torch.equal(receivers, listed.receivers[:capacity]) and torch.equal(senders, listed.senders[:capacity])
+    assert torch.equal(shifts, listed.unit_shifts[:capacity])
+
+
+def test_fill_into_checks_its_buffers():
+    buffers = [torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64), torch.zeros(8, 3)]
+    with pytest.raises(ValueError, match="contiguous int64"):
+        K.KernelNeighborList("cpu").fill_into(np.zeros((2, 3)), np.eye(3) * 5, np.ones(3, bool), 2.0, *buffers,
+                                              torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="at least one atom"):
+        K.KernelNeighborList("cpu").fill_into(np.zeros((0, 3)), np.eye(3) * 5, np.ones(3, bool), 2.0,
+                                              *buffers[:2], buffers[2].long(), torch.zeros(3, dtype=torch.int64))

@@ -60,6 +60,7 @@ class AcceleratedCalculator(Calculator):
         self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin,
                                           method=neighbor_method)
         self.num_edges = 0
+        self.filled_lists = 0  # calls whose neighbour list the kernels wrote straight into the graph (diagnostics)
         self._inputs_cache = None  # (numbers, types on the device, cell, cell on the device)
 
     @property
@@ -109,19 +110,46 @@ class AcceleratedCalculator(Calculator):
             raise InputError("the structure has no atoms")
         positions, cell, pbc = atoms.positions, atoms.cell.array, atoms.pbc
         types, cell_t = self._device_inputs(atoms.numbers, cell)  # unknown elements fail here, first
-        neighbors = self.neighbor_list(positions, cell, pbc)
-        self.num_edges = neighbors.num_edges
         want_stress = "stress" in properties
+        stress = want_stress and cell_has_volume(cell, pbc)
+        # before any list kernel is queued: a copy from pageable memory waits for the work queued before it
         positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
-        # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
-        result = evaluation(self.evaluator(positions_t, cell_t, pbc, types, neighbors, copy_outputs=False,
-                                           stress=want_stress and cell_has_volume(cell, pbc)))
+        result = self._filled_call(positions, cell, pbc, positions_t, cell_t, types, stress)
+        if result is None:
+            neighbors = self.neighbor_list(positions, cell, pbc)
+            self.num_edges = neighbors.num_edges
+            # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
+            result = evaluation(self.evaluator(positions_t, cell_t, pbc, types, neighbors, copy_outputs=False,
+                                               stress=stress))
         if want_stress and result.stress is None:
             raise PropertyNotImplementedError("stress needs a periodic structure whose cell has a volume")
         self.results = {"energy": result.energy, "free_energy": result.energy, "energies": result.energies,
                         "forces": result.forces}
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
+
+    def _filled_call(self, positions, cell, pbc, positions_t, cell_t, types, stress):
+        """The results with the neighbour list built by the kernels straight into the CUDA graph's edge buffers
+        (:meth:`StepEvaluator.run_filled`: the GPU runs the list and the model back to back, with no host
+        synchronisation between them), or None where that does not apply (the first call at this atom count, a
+        neighbour skin, graphs off, a list the kernels do not build) or the list outgrew the graph's edge capacity:
+        then the call goes the usual way (list, padding, evaluator), which grows the capacity."""
+        nl = self.neighbor_list
+        done = self.evaluator.run_filled(
+            positions_t, cell_t, pbc, types, stress=stress,
+            fill=lambda receivers, senders, unit_shifts, shift: nl.fill_into(positions, cell, pbc, receivers,
+                                                                             senders, unit_shifts, shift))
+        if done is None:
+            return None
+        outputs, count = done
+        result = evaluation(outputs)  # waits for the GPU: the count is there too
+        edges = int(count)
+        nl.check_count(edges, len(positions))
+        if edges > self.evaluator.edge_capacity:
+            return None
+        self.num_edges = self.evaluator.num_edges = edges
+        self.filled_lists += 1
+        return result
 
     def _device_inputs(self, numbers, cell) -> tuple:
         """The model types and the cell on the device, sent again only when they change (an MD run keeps

@@ -267,17 +267,10 @@ class GraphCache:
         tensors as the last replay need no copy."""
         if self.disabled is not None or not self.fits(neighbors.num_edges):
             return None
-        if self._tensors.model is not self.potential.model:  # the potential got another model object
-            self._tensors = _ModelTensors(self.potential.model)
-        fingerprint = self._tensors.fingerprint()
-        if fingerprint != self._fingerprint:  # new or changed parameters: every graph is stale
-            self.clear()
-            self._fingerprint = fingerprint
-        key = (positions.shape[0], neighbors.num_edges, positions.dtype, cell.dtype, self.potential.dtype,
-               bool(with_cell), bool(stress), positions.device)
+        self._drop_stale()
+        key = self._key(positions, cell, neighbors.num_edges, with_cell, stress)
         entry = self._graphs.get(key)
-        fresh = entry is None
-        if fresh:
+        if entry is None:
             entry = self._capture(positions, cell, types, neighbors, with_cell, stress)
             if entry is None:
                 return None
@@ -285,18 +278,61 @@ class GraphCache:
             self._evict()
         else:
             self._graphs.move_to_end(key)
-            sources = {"positions": positions, "cell": cell, "types": types, "receivers": neighbors.receivers,
-                       "senders": neighbors.senders, "unit_shifts": neighbors.unit_shifts}
-            with torch.no_grad():
-                kept = _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ())
-                for name, source in sources.items():
-                    # the cell and types already in the buffer (the same tensor, unedited since: an MD run's
-                    # fixed cell and types), and the evaluator's own padded edges of a reused neighbour list,
-                    # are not copied again; positions always are
-                    seen = entry.sources.get(name)
-                    if seen is None or seen[0] is not source or seen[1] != _version(source):
-                        entry.inputs[name].copy_(source)
-                        entry.sources[name] = (source, _version(source)) if name in kept else None
+            self._copy_inputs(entry, {"positions": positions, "cell": cell, "types": types,
+                                      "receivers": neighbors.receivers, "senders": neighbors.senders,
+                                      "unit_shifts": neighbors.unit_shifts},
+                              _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ()))
+        return self._replay(key, entry, copy_outputs)
+
+    def run_filled(self, positions, cell, types, num_edges: int, stress: bool, fill) -> dict | None:
+        """The graph captured for a padded list of ``num_edges`` edges (with a cell) replayed with its edge buffers
+        written in place by ``fill(receivers, senders, unit_shifts)`` (a neighbour list built and padded on the
+        device, whose count is the caller's to check: :meth:`StepEvaluator.run_filled`), which returns what the
+        caller wants back, or None to write nothing. Returns ``(outputs, fill's value)``, the outputs the graph's
+        own tensors (overwritten by its next replay), or None where no such graph is cached or ``fill`` wrote
+        nothing: nothing replayed."""
+        if self.disabled is not None or num_edges > self.max_graph_edges:
+            return None
+        self._drop_stale()
+        key = self._key(positions, cell, num_edges, True, stress)
+        entry = self._graphs.get(key)
+        if entry is None:
+            return None
+        filled = fill(*(entry.inputs[name] for name in _EDGE_INPUTS))
+        if filled is None:
+            return None
+        for name in _EDGE_INPUTS:  # written in place: the next run() copies its own edges again
+            entry.sources[name] = None
+        self._graphs.move_to_end(key)
+        self._copy_inputs(entry, {"positions": positions, "cell": cell, "types": types}, _KEPT_INPUTS)
+        return self._replay(key, entry, copy_outputs=False), filled
+
+    def _drop_stale(self) -> None:
+        """Every graph dropped if the model's parameters changed since the captures (new or edited tensors)."""
+        if self._tensors.model is not self.potential.model:  # the potential got another model object
+            self._tensors = _ModelTensors(self.potential.model)
+        fingerprint = self._tensors.fingerprint()
+        if fingerprint != self._fingerprint:
+            self.clear()
+            self._fingerprint = fingerprint
+
+    def _key(self, positions, cell, num_edges: int, with_cell: bool, stress: bool) -> tuple:
+        return (positions.shape[0], num_edges, positions.dtype, cell.dtype, self.potential.dtype,
+                bool(with_cell), bool(stress), positions.device)
+
+    @staticmethod
+    def _copy_inputs(entry, sources: dict, kept) -> None:
+        with torch.no_grad():
+            for name, source in sources.items():
+                # the cell and types already in the buffer (the same tensor, unedited since: an MD run's fixed
+                # cell and types), and the evaluator's own padded edges of a reused neighbour list, are not copied
+                # again; positions always are
+                seen = entry.sources.get(name)
+                if seen is None or seen[0] is not source or seen[1] != _version(source):
+                    entry.inputs[name].copy_(source)
+                    entry.sources[name] = (source, _version(source)) if name in kept else None
+
+    def _replay(self, key, entry, copy_outputs: bool) -> dict:
         entry.graph.replay()
         self.replays += 1
         self.last_entry = (key, entry)
@@ -396,6 +432,13 @@ def _pool_bytes(graph, device) -> int:
     return total
 
 
+def _three_flags(pbc) -> tuple:
+    """Periodicity as three booleans (a tensor is read once here)."""
+    if isinstance(pbc, torch.Tensor):
+        pbc = pbc.cpu().numpy()
+    return tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
+
+
 class StepEvaluator:
     """Energy, per-atom energies, forces and (when asked) stress of one structure, from device tensors.
 
@@ -459,9 +502,7 @@ class StepEvaluator:
         A ``cell``, ``types`` or ``neighbors`` passed again unedited (the same tensors, the same Neighbors) is
         not copied into the graph or padded again: edit them through torch (which counts in-place edits), not
         through DLPack/CuPy views, or pass new tensors."""
-        if isinstance(pbc, torch.Tensor):  # three booleans are expected; a tensor is read once here
-            pbc = pbc.cpu().numpy()
-        pbc = tuple(bool(flag) for flag in np.broadcast_to(np.asarray(pbc, dtype=bool), (3,)))
+        pbc = _three_flags(pbc)
         periodic = any(pbc)
         self.num_edges = neighbors.num_edges
         self._replayed = False
@@ -494,6 +535,34 @@ class StepEvaluator:
                 self._replayed = True
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
+
+    def run_filled(self, positions: torch.Tensor, cell: torch.Tensor, pbc, types: torch.Tensor, fill,
+                   stress: bool = False) -> tuple | None:
+        """The evaluation replayed from the graph this atom count ran as at its edge capacity, with the neighbour
+        list written by ``fill(receivers, senders, unit_shifts, shift)`` straight into the graph's edge buffers
+        (one length, the capacity; ``shift``: the padding edges' unit shift): no host synchronisation and no
+        padding or copy of the edges on the host before the replay. ``fill`` writes the edges, pads the rest with
+        inert edges and returns the edge count as a device tensor, or returns None having written nothing
+        (:meth:`~.neighbors.NeighborList.fill_into`). Returns ``(outputs, count)``, the outputs the graph's own
+        tensors (as ``copy_outputs=False``), or None where there is no such graph yet (the first call at this
+        atom count, graphs off) or ``fill`` wrote nothing: then build the list and call the evaluator. The caller
+        reads the count with the outputs; above :attr:`edge_capacity` the outputs are void (the edges beyond the
+        capacity were not written) and the call must go the usual way, which grows the capacity."""
+        if self.graphs is None or not self.pad_edges:
+            return None
+        pbc = _three_flags(pbc)
+        capacity = self.capacity.of(group=positions.shape[0])
+        if not capacity:
+            return None
+        model_cell, shift = self._padding(cell, pbc)
+        done = self.graphs.run_filled(positions, model_cell, types, capacity, stress,
+                                      lambda receivers, senders, unit_shifts: fill(receivers, senders, unit_shifts,
+                                                                                   shift))
+        if done is None:
+            return None
+        self._replayed = True
+        self.edge_capacity = capacity
+        return done
 
     def replayer(self):
         """The last call's graph as a :class:`Replay` (new positions, everything else as in that call), or

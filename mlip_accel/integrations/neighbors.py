@@ -171,11 +171,7 @@ class NeighborList:
         where the GPU could, and send it to the device without waiting for the GPU (a list built ahead while
         the GPU works)."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
-        check_cell(cell, pbc)
-        bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
-        if bad.size:
-            raise InputError(f"non-finite positions (atoms {', '.join(map(str, bad[:10]))}"
-                             f"{', ...' if bad.size > 10 else ''}): no neighbour list")
+        _check_inputs(positions, cell, pbc)
         skin = self.skin
         neighbors = self._build(positions, cell, pbc, skin, on_host)
         self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors, skin) if skin > 0 else None
@@ -186,6 +182,29 @@ class NeighborList:
             if self.small_list_skin is not None and within <= self.small_list_skin[1]:
                 self.skin = self.small_list_skin[0]
         return neighbors
+
+    def fill_into(self, positions: np.ndarray, cell: np.ndarray, pbc, receivers: torch.Tensor, senders: torch.Tensor,
+                  unit_shifts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor | None:
+        """A new list (no skin) written by the kernels straight into buffers of one length, the capacity (a CUDA
+        graph's edge inputs), padded up to it with inert edges, with no host synchronisation (see
+        :meth:`~mlip_accel.runtime.neighbor_list.KernelNeighborList.fill_into`): the edge count as a device tensor,
+        for the caller to read and check after the work on the buffers (:meth:`check_count`). None where the kernels
+        do not build this list (not checked against the CPU list yet, a skin, a system they do not take): build it
+        with :meth:`__call__` then."""
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
+        if not (self.kernels and "kernels" in self._checked and self.skin == 0 and len(positions)):
+            return None
+        _check_inputs(positions, cell, pbc)
+        if not kernel_list.fits(len(positions), self._kernel_list.lattice(cell, pbc, self.cutoff)):
+            return None
+        count = self._kernel_list.fill_into(positions, cell, pbc, self.cutoff, receivers, senders, unit_shifts, shift)
+        self.builds += 1
+        self.source = "kernels"
+        return count
+
+    def check_count(self, edges: int, atoms: int) -> None:
+        """A RuntimeError for an edge count that :meth:`fill_into` cannot have made for ``atoms`` atoms."""
+        self._kernel_list.check_count(edges, atoms)
 
     def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0,
                on_host: bool = False) -> Neighbors:
@@ -253,6 +272,15 @@ class NeighborList:
             i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
         return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])
+
+
+def _check_inputs(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
+    """InputError for a cell without independent periodic vectors or non-finite positions."""
+    check_cell(cell, pbc)
+    bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
+    if bad.size:
+        raise InputError(f"non-finite positions (atoms {', '.join(map(str, bad[:10]))}"
+                         f"{', ...' if bad.size > 10 else ''}): no neighbour list")
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

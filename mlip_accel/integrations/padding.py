@@ -105,6 +105,10 @@ class EdgeCapacity:
         self.capacity = 0  # the capacity returned last (diagnostics)
         self.grown = 0  # how often a group's capacity grew after its first call (diagnostics, tests)
 
+    def of(self, group=None) -> int:
+        """``group``'s capacity so far (0: none yet)."""
+        return self._capacities.get(group, 0)
+
     def fit(self, num_edges: int, group=None) -> int:
         """The capacity for a list of ``num_edges`` edges in ``group`` (growing that group's when needed)."""
         capacity = self._capacities.get(group, 0)

@@ -80,6 +80,7 @@ class KernelNeighborList:
         self._lattice = None  # (key, host values, device tensor)
         self._staging = torch.empty(0, dtype=torch.float64)  # pinned on CUDA; grown as needed
         self._identity = torch.empty(0, dtype=torch.int64)  # the order of small systems: arange(atoms)
+        self._copied = None  # CUDA: the event after the last copy out of the staging buffer
 
     def lattice(self, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> np.ndarray:
         """The lattice's values (computed and sent to the device when the cell, pbc or cutoff change)."""
@@ -93,15 +94,57 @@ class KernelNeighborList:
         """``(receivers [E], senders [E], unit_shifts [E, 3])``, int64 on the device (views of one buffer),
         receivers non-decreasing. The caller checked the cell (independent periodic vectors) and that the positions
         are finite."""
-        self.lattice(cell, pbc, cutoff)
-        values = self._lattice[2]
         n, device = len(positions), self.device
         if n == 0:
             empty = torch.empty(0, dtype=torch.int64, device=device)
             return empty, empty.clone(), empty.view(0, 3).clone()
+        program, fill, walked, ends = self._counted(positions, cell, pbc, cutoff)
+        edges = int(ends[-1])  # the one synchronisation
+        self.check_count(edges, n)
+        out = _written(5 * edges, torch.int64, device)
+        receivers, senders, unit_shifts = out[:edges], out[edges:2 * edges], out[2 * edges:].view(edges, 3)
+        if edges:
+            launch(program, fill, dict(walked, ends=ends, receivers=receivers, senders=senders,
+                                       unit_shifts=unit_shifts, capacity=edges), device)
+        return receivers, senders, unit_shifts
+
+    def fill_into(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float,
+                  receivers: torch.Tensor, senders: torch.Tensor, unit_shifts: torch.Tensor,
+                  shift: torch.Tensor) -> torch.Tensor:
+        """The list written into given buffers of one length, the capacity (a CUDA graph's edge inputs), with no
+        host synchronisation: the edges in receiver order below the capacity, then inert padding edges (the k-th a
+        self-edge of atom k mod atoms with the unit shift ``shift``, (3,) int64: integrations/padding.py) up to it.
+        Returns the edge count, a one-element int64 tensor on the device: the caller reads it after the work that
+        uses the buffers, checks it (:meth:`check_count`) and redoes that work with larger buffers where it
+        exceeds the capacity (the edges beyond it were not written)."""
+        n, device, capacity = len(positions), self.device, receivers.shape[0]
+        if n == 0:
+            raise ValueError("fill_into needs at least one atom (the padding edges are self-edges)")
+        if (senders.shape != (capacity,) or unit_shifts.shape != (capacity, 3) or shift.shape != (3,)
+                or any(t.dtype != torch.int64 or t.device != device or not t.is_contiguous()
+                       for t in (receivers, senders, unit_shifts, shift))):
+            raise ValueError("fill_into: receivers and senders [capacity], unit_shifts [capacity, 3] and shift [3], "
+                             f"contiguous int64 tensors on {device}")
+        program, fill, walked, ends = self._counted(positions, cell, pbc, cutoff)
+        edge_buffers = dict(receivers=receivers, senders=senders, unit_shifts=unit_shifts, capacity=capacity)
+        launch(program, fill, dict(walked, ends=ends, **edge_buffers), device)
+        launch(program, program.plans[4], dict(ends=ends, shift=shift, atoms=n, **edge_buffers), device)
+        return ends[-1:]
+
+    def check_count(self, edges: int, atoms: int) -> None:
+        """A RuntimeError for an edge count the kernels cannot have made for ``atoms`` atoms in the last lattice."""
+        if not 0 <= edges <= atoms * atoms * _images_bound(self._lattice[1]):
+            raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {atoms} atoms: impossible")
+
+    def _counted(self, positions, cell, pbc, cutoff) -> tuple:
+        """The passes before the fill, launched: (program, fill plan, the values the fill walks, ends [atoms]: the
+        inclusive sum of the edge counts, on the device)."""
+        self.lattice(cell, pbc, cutoff)
+        values = self._lattice[2]
+        n, device = len(positions), self.device
         chunks = -(-n // CHUNK)
         program = neighbor_list_program()
-        wrap, boxes, count, fill = program.plans
+        wrap, boxes, count, fill, _ = program.plans
         # two workspaces instead of eight allocations (~5 us of host time each)
         floats = _written(12 * n + 6 * chunks, torch.float64, device)
         positions_d, points, fractions, sorted_points = (v.view(n, 3) for v in floats[:12 * n].split(3 * n))
@@ -109,6 +152,9 @@ class KernelNeighborList:
         ints = _written(5 * n, torch.int64, device)
         wraps, keys, counts = ints[:3 * n].view(n, 3), ints[3 * n:4 * n], ints[4 * n:]
         positions_d.copy_(self._staged(positions), non_blocking=True)
+        if device.type == "cuda":  # the staging buffer is free again once this copy is done
+            self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(device))
         launch(program, wrap, dict(lattice=values, positions=positions_d, points=points, fractions=fractions,
                                    wraps=wraps, keys=keys, atoms=n), device)
         order = torch.argsort(keys, stable=True) if n > SORT_MIN_ATOMS else self._order(n)
@@ -117,20 +163,15 @@ class KernelNeighborList:
         walked = dict(lattice=values, fractions=fractions, points=points, sorted_points=sorted_points, order=order,
                       boxes=chunk_boxes, atoms=n, chunks=chunks)
         launch(program, count, dict(walked, counts=counts), device)
-        ends = torch.cumsum(counts, 0)
-        edges = int(ends[-1])  # the one synchronisation
-        if not 0 <= edges <= n * n * _images_bound(self._lattice[1]):
-            raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {n} atoms: impossible")
-        out = _written(5 * edges, torch.int64, device)
-        receivers, senders, unit_shifts = out[:edges], out[edges:2 * edges], out[2 * edges:].view(edges, 3)
-        if edges:
-            launch(program, fill, dict(walked, wraps=wraps, ends=ends, receivers=receivers, senders=senders,
-                                       unit_shifts=unit_shifts), device)
-        return receivers, senders, unit_shifts
+        return program, fill, dict(walked, wraps=wraps), torch.cumsum(counts, 0)
 
     def _staged(self, positions: np.ndarray) -> torch.Tensor:
         """The positions in the staging buffer (pinned on CUDA, so the copy to the device does not wait for queued
-        work). Reusing it is safe: each call synchronises on its edge count after the copy."""
+        work). Before it is written again the last copy out of it has finished (its event: at once, unless a list
+        was filled with no synchronisation since and its copy still waits behind queued work)."""
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
         size = 3 * len(positions)
         if self._staging.numel() < size:
             self._staging = torch.empty(max(size, 2 * self._staging.numel()), dtype=torch.float64,

@@ -11,7 +11,11 @@
 //   boxes: one warp per chunk of 32 atoms in key order (``order``): sorted_points, and the chunk's bounding box
 //   count: one warp per receiver i (blocks of ${block_threads} threads, a multiple of 32): counts[i] = its edges
 //   fill:  one warp per receiver i: its edges at [ends[i] - counts[i], ends[i]) (ends: the inclusive sum of the
-//          counts) in image order, then chunk order, then lane order: the same order on every run
+//          counts) in image order, then chunk order, then lane order: the same order on every run; only those
+//          below ``capacity`` (the buffers' length: the edge count, or a CUDA graph's edge capacity when the count
+//          stays on the device and the caller checks it afterwards)
+//   pad:   one thread per slot of the buffers: slots [count, capacity) (count = ends[atoms - 1]) get inert padding
+//          edges, the k-th one a self-edge of atom k mod atoms with the unit shift ``shift`` (integrations/padding.py)
 // Edge (i, j, S): |points[j] + S @ cell - points[i]|^2 < cutoff^2, except j == i in the zero image; its unit shift
 // for the unwrapped positions (ASE's ijS: positions[j] - positions[i] + shift @ cell) is S - wraps[j] + wraps[i].
 // The images of receiver i: per periodic axis a, S_a in [ceil(f_a - 1 - reach_a), floor(f_a + reach_a)] (f the
@@ -187,15 +191,28 @@ extern "C" __global__ void __launch_bounds__(${block_threads}) ${fill}(
   if (i >= atoms) return;  // the whole warp
   const unsigned below = (1u << lane) - 1u;  // the lanes before this one
   long long e = i == 0 ? 0 : ends[i - 1];
-  const long long end = ends[i];
+  if (e >= capacity) return;  // the whole warp: its edges start beyond the buffers
+  const long long end = ends[i] < capacity ? ends[i] : capacity;
   walk(lattice, fractions, points, sorted_points, order, boxes, atoms, chunks, i, lane,
        [&](unsigned mask, long long j, const long long* s) {
          const long long at = e + __popc(mask & below);
-         if ((mask >> lane) & 1u && at < end) {  // at < end always (same walk as the count): never out of bounds
+         if ((mask >> lane) & 1u && at < end) {  // never beyond the receiver's count nor the capacity
            receivers[at] = i;
            senders[at] = j;
            for (int a = 0; a < 3; ++a) unit_shifts[3 * at + a] = s[a] - wraps[3 * j + a] + wraps[3 * i + a];
          }
          e += __popc(mask);
        });
+}
+
+extern "C" __global__ void __launch_bounds__(${block_threads}) ${pad}(
+    ${pad_parameters})
+{
+  const long long slot = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const long long count = ends[atoms - 1];
+  if (slot >= capacity || slot < count) return;
+  const long long k = slot - count;
+  receivers[slot] = k % atoms;
+  senders[slot] = k % atoms;
+  for (int a = 0; a < 3; ++a) unit_shifts[3 * slot + a] = shift[a];
 }
