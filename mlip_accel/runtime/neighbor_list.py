@@ -121,8 +121,9 @@ class KernelNeighborList:
         if n == 0:
             raise ValueError("fill_into needs at least one atom (the padding edges are self-edges)")
         if (senders.shape != (capacity,) or unit_shifts.shape != (capacity, 3) or shift.shape != (3,)
-                or any(t.dtype != torch.int64 or t.device != device or not t.is_contiguous()
+                or any(t.dtype != torch.int64 or t.device.type != device.type or not t.is_contiguous()
                        for t in (receivers, senders, unit_shifts, shift))):
+            # (by device type: torch.device("cuda") differs from a tensor's "cuda:0")
             raise ValueError("fill_into: receivers and senders [capacity], unit_shifts [capacity, 3] and shift [3], "
                              f"contiguous int64 tensors on {device}")
         program, fill, walked, ends = self._counted(positions, cell, pbc, cutoff)
