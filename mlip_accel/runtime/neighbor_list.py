@@ -63,12 +63,20 @@ def _images_bound(values: np.ndarray) -> int:
 
 def tests(atoms: int, values: np.ndarray) -> int:
     """An upper bound of the chunk-image box tests of one pass."""
-    return atoms * -(-atoms // CHUNK) * _images_bound(values)
+    return _tests(atoms, _images_bound(values))
+
+
+def _tests(atoms: int, images: int) -> int:
+    return atoms * -(-atoms // CHUNK) * images
 
 
 def fits(atoms: int, values: np.ndarray) -> bool:
     """Whether the kernels take ``atoms`` atoms in this lattice."""
-    return atoms <= MAX_ATOMS and tests(atoms, values) <= MAX_TESTS
+    return _takes(atoms, _images_bound(values))
+
+
+def _takes(atoms: int, images: int) -> bool:
+    return atoms <= MAX_ATOMS and _tests(atoms, images) <= MAX_TESTS
 
 
 class KernelNeighborList:
@@ -77,7 +85,7 @@ class KernelNeighborList:
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
-        self._lattice = None  # (key, host values, device tensor)
+        self._lattice = None  # (key, host values, device tensor, images bound)
         self._staging = torch.empty(0, dtype=torch.float64)  # pinned on CUDA; grown as needed
         self._identity = torch.empty(0, dtype=torch.int64)  # the order of small systems: arange(atoms)
         self._copied = None  # CUDA: the event after the last copy out of the staging buffer
@@ -87,8 +95,13 @@ class KernelNeighborList:
         key = (np.asarray(cell, dtype=np.float64).tobytes(), np.asarray(pbc, dtype=bool).tobytes(), float(cutoff))
         if self._lattice is None or self._lattice[0] != key:
             values = lattice(cell, pbc, cutoff)
-            self._lattice = (key, values, torch.as_tensor(values).to(self.device))
+            self._lattice = (key, values, torch.as_tensor(values).to(self.device), _images_bound(values))
         return self._lattice[1]
+
+    def takes(self, atoms: int, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> bool:
+        """:func:`fits` for this lattice, its image bound kept with it (no numpy work per call)."""
+        self.lattice(cell, pbc, cutoff)
+        return _takes(atoms, self._lattice[3])
 
     def __call__(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> tuple:
         """``(receivers [E], senders [E], unit_shifts [E, 3])``, int64 on the device (views of one buffer),
@@ -134,7 +147,7 @@ class KernelNeighborList:
 
     def check_count(self, edges: int, atoms: int) -> None:
         """A RuntimeError for an edge count the kernels cannot have made for ``atoms`` atoms in the last lattice."""
-        if not 0 <= edges <= atoms * atoms * _images_bound(self._lattice[1]):
+        if not 0 <= edges <= atoms * atoms * self._lattice[3]:
             raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {atoms} atoms: impossible")
 
     def _counted(self, positions, cell, pbc, cutoff) -> tuple:
