@@ -23,8 +23,8 @@ neighbour list and the ASE call with vesin's GPU list instead of mlip_accel's li
 1.10 as by default and 1.01), each with its device allocations (cudaMalloc) per call and peak memory: where the
 automatic limit should stop graphs; ``--host-timeline`` adds the host's time line of an ASE call (medians of
 the segments between the call's start, the neighbour list, the evaluator's graph launch and the results' copy:
-until the launch the GPU has only the list's few kernels to run); ``--no-profile`` skips the profiles. The profile ends with the CUDA runtime
-calls of three ASE calls (allocations and synchronisations stall an eager step).
+until the launch the GPU has only the list's few kernels to run); ``--no-profile`` skips the profiles. The profile
+ends with the CUDA runtime calls of three ASE calls (allocations and synchronisations stall an eager step).
 
     python scripts/profile_ase_call.py --cells 5 10 --out DIR
 """

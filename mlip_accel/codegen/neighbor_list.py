@@ -2,8 +2,8 @@
 (positions into the cell, and a spatial key), the bounding boxes of 32-atom chunks in key order, then a count pass
 and a fill pass, one warp per receiver over the chunks within reach in each periodic image the receiver can reach,
 and a pass that pads the edge buffers up to a capacity with inert edges (the list straight into a CUDA graph's
-inputs). One program for every system: the lattice, the positions and the cutoff are all arguments. Plain data in, text
-out; no GPU."""
+inputs). One program for every system: the lattice, the positions and the cutoff are all arguments. Plain data
+in, text out; no GPU."""
 from __future__ import annotations
 
 import functools

@@ -25,8 +25,8 @@ and outputs stay allocated, so no replay overwrites another graph's live data).
 
 With ``cuda_graphs="auto"`` graphs switch themselves off for lists above :func:`auto_max_edges` padded edges
 (per framework: :data:`AUTO_MAX_EDGES`), where the eager step is bound by the GPU and a graph would only add the
-padding's work: those steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps graphs up to
-:data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond).
+padding's work: those steps run eagerly on the unpadded list (never slower than eager). ``cuda_graphs=True`` keeps
+graphs up to :data:`DEFAULT_MAX_GRAPH_EDGES` (one warning beyond).
 
 A model whose parameters change after a capture (training, ``load_state_dict``, ``.to()``) is noticed through
 its parameters' storage addresses and version counters and captured again. Where a capture fails (out of
@@ -284,7 +284,7 @@ class GraphCache:
                               _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ()))
         return self._replay(key, entry, copy_outputs)
 
-    def run_filled(self, positions, cell, types, num_edges: int, stress: bool, fill) -> dict | None:
+    def run_filled(self, positions, cell, types, num_edges: int, stress: bool, fill) -> tuple | None:
         """The graph captured for a padded list of ``num_edges`` edges (with a cell) replayed with its edge buffers
         written in place by ``fill(receivers, senders, unit_shifts)`` (a neighbour list built and padded on the
         device, whose count is the caller's to check: :meth:`StepEvaluator.run_filled`), which returns what the
@@ -298,11 +298,11 @@ class GraphCache:
         entry = self._graphs.get(key)
         if entry is None:
             return None
+        for name in _EDGE_INPUTS:  # written in place (or left as they were): the next run() copies its own again
+            entry.sources[name] = None
         filled = fill(*(entry.inputs[name] for name in _EDGE_INPUTS))
         if filled is None:
             return None
-        for name in _EDGE_INPUTS:  # written in place: the next run() copies its own edges again
-            entry.sources[name] = None
         self._graphs.move_to_end(key)
         self._copy_inputs(entry, {"positions": positions, "cell": cell, "types": types}, _KEPT_INPUTS)
         return self._replay(key, entry, copy_outputs=False), filled
@@ -444,10 +444,10 @@ class StepEvaluator:
 
     ``cuda_graphs``: "auto" (on for CUDA devices, off above ``max_graph_edges`` padded edges, default
     :func:`auto_max_edges` of the potential's framework), True (default ``max_graph_edges``:
-    :data:`DEFAULT_MAX_GRAPH_EDGES`) or False. ``pad_edges``: pad the neighbour list to an edge capacity with inert edges (default: whenever
-    graphs are on, and then only for lists that run as graphs; works on the CPU too). ``headroom`` and
-    ``growth``: the capacity policy (:class:`~.padding.EdgeCapacity`). ``num_edges`` and ``edge_capacity``
-    report the last call's real and padded edge counts.
+    :data:`DEFAULT_MAX_GRAPH_EDGES`) or False. ``pad_edges``: pad the neighbour list to an edge capacity with
+    inert edges (default: whenever graphs are on, and then only for lists that run as graphs; works on the CPU
+    too). ``headroom`` and ``growth``: the capacity policy (:class:`~.padding.EdgeCapacity`). ``num_edges`` and
+    ``edge_capacity`` report the last call's real and padded edge counts.
     """
 
     def __init__(self, potential, cuda_graphs="auto", pad_edges: bool | None = None, headroom: float = 1.1,
@@ -571,4 +571,5 @@ class StepEvaluator:
 
 
 __all__ = ["AUTO_MAX_EDGES", "DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay",
-           "StepEvaluator", "auto_max_edges", "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs", "warm_up"]
+           "StepEvaluator", "auto_max_edges", "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs",
+           "warm_up"]
