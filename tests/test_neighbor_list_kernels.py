@@ -177,6 +177,15 @@ def test_parallel_periodic_vectors_are_refused():
     cell = np.array([[3.0, 0, 0], [6.0, 0, 0], [0, 0, 0]])
     with pytest.raises(InputError, match="periodic cell vectors are parallel"):
         N.NeighborList(3.0, "cpu")(np.zeros((2, 3)), cell, [True, True, False])
+    # the cell last found good is not checked again, but any other cell is: a good list first changes nothing
+    nl = N.NeighborList(3.0, "cpu")
+    nl(np.zeros((2, 3)), np.eye(3) * 5.0, [True, True, False])
+    with pytest.raises(InputError, match="periodic cell vectors are parallel"):
+        nl(np.zeros((2, 3)), cell, [True, True, False])
+    with pytest.raises(InputError, match="zero volume"):
+        nl(np.zeros((2, 3)), np.array([[5.0, 0, 0], [0, 5.0, 0], [1.0, 1.0, 0]]), [True, True, True])
+    with pytest.raises(InputError, match="non-finite positions"):
+        nl(np.full((2, 3), np.nan), np.eye(3) * 5.0, [True, True, False])  # the good cell: positions still checked
 
 
 @emulated_only

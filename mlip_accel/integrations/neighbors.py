@@ -121,7 +121,7 @@ class NeighborList:
         self.kernels = method == "kernels" or (method == "auto" and self.device.type == "cuda")
         self._kernel_list = kernel_list.KernelNeighborList(self.device)
         self._checked: set[str] = set()  # the GPU ways already compared with the CPU list
-        self._good_cell = [None]  # the (cell, pbc) bytes last found good (_check_inputs)
+        self._good_cell = None  # the (cell, pbc) bytes last found good (_check_inputs)
         self.source = ""
         self.builds = 0
         # with skin="auto": (skin, most edges within the cutoff) taking precedence over AUTO_SKIN; None: none
@@ -172,7 +172,7 @@ class NeighborList:
         where the GPU could, and send it to the device without waiting for the GPU (a list built ahead while
         the GPU works)."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
-        _check_inputs(positions, cell, pbc, self._good_cell)
+        self._check_inputs(positions, cell, pbc)
         skin = self.skin
         neighbors = self._build(positions, cell, pbc, skin, on_host)
         self._built = (positions.copy(), cell.copy(), pbc.copy(), neighbors, skin) if skin > 0 else None
@@ -195,13 +195,25 @@ class NeighborList:
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
         if not (self.kernels and "kernels" in self._checked and self.skin == 0 and len(positions)):
             return None
-        _check_inputs(positions, cell, pbc, self._good_cell)
+        self._check_inputs(positions, cell, pbc)
         if not self._kernel_list.takes(len(positions), cell, pbc, self.cutoff):
             return None
         count = self._kernel_list.fill_into(positions, cell, pbc, self.cutoff, receivers, senders, unit_shifts, shift)
         self.builds += 1
         self.source = "kernels"
         return count
+
+    def _check_inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
+        """InputError for a cell without independent periodic vectors or non-finite positions; the cell last found
+        good is not checked again (an MD run keeps it)."""
+        key = (cell.tobytes(), pbc.tobytes())
+        if self._good_cell != key:
+            check_cell(cell, pbc)
+            self._good_cell = key
+        bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
+        if bad.size:
+            raise InputError(f"non-finite positions (atoms {', '.join(map(str, bad[:10]))}"
+                             f"{', ...' if bad.size > 10 else ''}): no neighbour list")
 
     def check_count(self, edges: int, atoms: int) -> None:
         """A RuntimeError for an edge count that :meth:`fill_into` cannot have made for ``atoms`` atoms."""
@@ -273,20 +285,6 @@ class NeighborList:
             i, j, shifts = (torch.from_dlpack(a).to(torch.int64) for a in (i, j, shifts))
         order = torch.argsort(i, stable=True)
         return Neighbors(receivers=i[order], senders=j[order], unit_shifts=shifts[order])
-
-
-def _check_inputs(positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, checked: list | None = None) -> None:
-    """InputError for a cell without independent periodic vectors or non-finite positions. ``checked``: a one-slot
-    list holding the (cell, pbc) bytes last found good; that cell is not checked again (an MD run keeps it)."""
-    key = (cell.tobytes(), pbc.tobytes())
-    if checked is None or checked[0] != key:
-        check_cell(cell, pbc)
-        if checked is not None:
-            checked[0] = key
-    bad = np.flatnonzero(~np.isfinite(positions).all(axis=1))
-    if bad.size:
-        raise InputError(f"non-finite positions (atoms {', '.join(map(str, bad[:10]))}"
-                         f"{', ...' if bad.size > 10 else ''}): no neighbour list")
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
