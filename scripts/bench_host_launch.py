@@ -7,8 +7,9 @@ call of (each over --reps calls, the GPU kept busy so nothing waits on it):
   driver parameters, device guard, stream, the driver call);
 - torch's ``empty`` and ``cumsum`` on the device, for scale;
 - ``fill_into``: ``KernelNeighborList.fill_into`` of a 1000-atom diamond-carbon list into fixed buffers (no
-  synchronisation; the GPU idle at each call's start), and ``NeighborList.fill_into`` (the calculator's entry:
-  input checks added); with ``--profile`` the latter under cProfile too (own time per function).
+  synchronisation; the GPU idle at each call's start), with ``--profile`` under cProfile too (own time per
+  function); and ``NeighborList.in_graph``, the calculator's host part of a list built inside its CUDA graph
+  (input checks, the positions staged).
 
     python scripts/bench_host_launch.py [--reps 300]
 """
@@ -89,8 +90,8 @@ def main(argv=None) -> None:
                                                             args.reps, busy=False)
     nl = NeighborList(6.0, device, method="kernels")
     nl(pos, cell, pbc)  # checked against the CPU list once
-    rows["NeighborList.fill_into (1000 atoms)"] = _us(lambda: nl.fill_into(pos, cell, pbc, *out, shift), args.reps,
-                                                       busy=False)
+    # the calculator's host part of a list built inside its CUDA graph: input checks and the positions staged
+    rows["NeighborList.in_graph (1000 atoms)"] = _us(lambda: nl.in_graph(pos, cell, pbc), args.reps, busy=False)
     if args.profile:
         import cProfile
         import pstats
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
         prof = cProfile.Profile()
         prof.enable()
         for _ in range(200):
-            nl.fill_into(pos, cell, pbc, *out, shift)
+            kl.fill_into(pos, cell, pbc, 6.0, *out, shift)
             torch.cuda.synchronize()
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(25)

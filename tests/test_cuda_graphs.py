@@ -85,7 +85,10 @@ def test_md_trajectory_graphed_equals_eager_across_capacity_growth(dtype):
     graphs = graphed.evaluator.graphs
     assert graphed.cuda_graphs, graphs.disabled
     assert graphed.evaluator.capacity.grown >= 3, graphed.evaluator.capacity.grown
-    assert graphs.captures == graphed.evaluator.capacity.grown + 1
+    # per capacity the usual graph (the call that grew it) and, from the next call, the one with the neighbour list
+    # in it (the run may end between the two)
+    grown = graphed.evaluator.capacity.grown
+    assert 2 * (grown + 1) - 1 <= graphs.captures <= 2 * (grown + 1) and graphed.filled_lists > 0
     drift_g, drift_e = res_g.energy_drift(), res_e.energy_drift()
     pos_rel = rel(end_g.positions, end_e.positions)
     energy_rel = rel(res_g.total_energy, res_e.total_energy)

@@ -107,7 +107,7 @@ def test_auto_graphs_run_large_lists_eagerly_without_padding():
     edges = args[-1].num_edges
     want = calc.evaluator(*args, stress=True)
 
-    small = _evaluator_with_cache(calc.potential, max_graph_edges=edges, auto=True)  # capacity 1.1 x edges: over
+    small = _evaluator_with_cache(calc.potential, max_graph_edges=edges, auto=True)  # capacity above edges: over
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = small(*args, stress=True)
@@ -450,9 +450,9 @@ def _calls_agree(calc, plain, atoms) -> None:
 
 @pytest.mark.nequip
 @pytest.mark.parametrize("structure", ["cell", "slab", "molecule"])
-def test_list_filled_into_the_graph_gives_the_usual_results(emulated, structure):
-    """From the second call at an atom count the kernels write the list straight into the graph's edge buffers
-    (no host synchronisation before the replay): the same energies, forces and stress as a plain calculator;
+def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure):
+    """From the second call at an atom count a graph builds the list with the kernels and then runs the model (one
+    copy of the positions and one replay per call): the same energies, forces and stress as a plain calculator;
     a list that outgrows the capacity goes the usual way (the capacity grows); another atom count too."""
     model = nequip_model()
     atoms0 = two_element_structures("Cu", "Ag")[structure]
@@ -467,21 +467,76 @@ def test_list_filled_into_the_graph_gives_the_usual_results(emulated, structure)
         atoms.positions = atoms.positions + rng.uniform(-0.05, 0.05, atoms.positions.shape)
         _calls_agree(calc, plain, atoms)
         assert calc.filled_lists == step and calc.neighbor_list.source == "kernels"
-    assert graphs.captures == 1 and calc.num_edges < calc.edge_capacity
+    # the usual graph at the first call, the one with the list in it at the second
+    assert graphs.captures == 2 and calc.num_edges < calc.edge_capacity
+    (key, listed), = [(k, g) for k, g in graphs._graphs.items() if k[0] == "listed"]
+    # one output: the results and the edge count packed in float64 (one copy to the host, no launch of its own)
+    packed = listed.outputs["packed"]
+    assert key[1:3] == (len(atoms0), calc.edge_capacity) and list(listed.outputs) == ["packed"]
+    assert packed.dtype == torch.float64 and int(packed[-1]) == calc.num_edges
+    assert packed.numel() == 1 + 4 * len(atoms0) + (9 if key[7] else 0) + 1
+    # its edge buffers hold the last call's list, in receiver order, then the inert padding
+    edges = calc.num_edges
+    expected = calc.neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc)
+    assert torch.equal(listed.inputs["receivers"][:edges], expected.receivers)
+    assert torch.equal(listed.inputs["senders"][:edges], expected.senders)
+    padding = torch.arange(calc.edge_capacity - edges) % len(atoms0)
+    assert torch.equal(listed.inputs["receivers"][edges:], padding)
     filled = calc.filled_lists
     if structure != "molecule":  # (the molecule's atoms are all neighbours already)
-        # denser: more edges than the capacity; the filled call sees it and the usual call grows the capacity
+        # denser: more edges than the capacity; the graph's count says so and the usual call grows the capacity
+        # (and captures its graph); the next call captures the graph with the list at the new capacity
         dense = atoms0.copy()
         dense.set_cell(dense.cell.array * 0.85, scale_atoms=True)
         before = calc.evaluator.capacity.grown
         _calls_agree(calc, plain, dense)
-        assert calc.filled_lists == filled and calc.evaluator.capacity.grown == before + 1 and graphs.captures == 2
+        assert calc.filled_lists == filled and calc.evaluator.capacity.grown == before + 1 and graphs.captures == 3
         _calls_agree(calc, plain, dense)
         filled += 1
-        assert calc.filled_lists == filled
+        assert calc.filled_lists == filled and graphs.captures == 4
+        _calls_agree(calc, plain, atoms0)  # back: fewer edges than the grown capacity, the same graph
+        filled += 1
+        assert calc.filled_lists == filled and graphs.captures == 4
     # another atom count: its first call the usual way
     _calls_agree(calc, plain, atoms0[:-1])
     assert calc.filled_lists == filled
+
+
+@pytest.mark.nequip
+def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_usual_graphs(emulated):
+    """A new cell at the same atom count (NPT) reaches the graph's lattice and padding inputs; where the graph
+    with the list cannot be captured, one warning, and the usual graphs go on."""
+    model = nequip_model()
+    atoms0 = two_element_structures("Cu", "Ag")["cell"]
+    plain = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                             cuda_graphs=False, neighbor_method="vesin")
+    calc = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                            neighbor_skin=0.0, neighbor_method="kernels")
+    graphs = cpu_graphed(calc)
+    for scale in (1.0, 1.0, 1.01, 1.02, 1.0):  # larger cells: fewer edges, within the capacity
+        atoms = atoms0.copy()
+        atoms.set_cell(atoms.cell.array * scale, scale_atoms=True)
+        _calls_agree(calc, plain, atoms)
+    assert calc.filled_lists == 4 and graphs.captures == 2
+
+    failing = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                               neighbor_skin=0.0, neighbor_method="kernels")
+    graphs = cpu_graphed(failing)
+    record = graphs._record
+
+    def refuse_lists(step, inputs, device):
+        if "lattice" in inputs:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return record(step, inputs, device)
+
+    graphs._record = refuse_lists
+    _calls_agree(failing, plain, atoms0)
+    with pytest.warns(RuntimeWarning, match="neighbour list is built outside the graphs from now on"):
+        _calls_agree(failing, plain, atoms0)
+    for _ in range(2):
+        _calls_agree(failing, plain, atoms0)
+    assert failing.filled_lists == 0 and graphs.disabled is None and "not permitted" in graphs.listed_disabled
+    assert failing.cuda_graphs and graphs.captures == 2 and graphs.replays == 4  # captured again after the clear
 
 
 @pytest.mark.nequip
@@ -606,6 +661,18 @@ def test_gpu_list_filled_into_the_graph_matches_the_usual_call():
 
 
 @pytest.mark.gpu
+@pytest.mark.nequip
+def test_gpu_list_inside_the_graph_sorts_a_large_system():
+    """Above SORT_MIN_ATOMS the list sorts the atoms by their spatial key (torch.argsort) inside the graph."""
+    from mlip_accel.runtime.neighbor_list import SORT_MIN_ATOMS
+
+    atoms = _crystal(9)  # 2916 atoms
+    assert len(atoms) > SORT_MIN_ATOMS
+    _filled_calls_agree(default_model_calculator("float64"), default_model_calculator("float64", cuda_graphs=False),
+                        atoms, steps=3)
+
+
+@pytest.mark.gpu
 @pytest.mark.mace
 def test_gpu_mace_list_filled_into_the_graph_matches_the_usual_call():
     model = mace_model()
@@ -632,13 +699,25 @@ def test_graphed_ase_call_host_operations():
     atoms.get_forces()
     assert calc.cuda_graphs and calc.evaluator.graphs.replays >= 1
     atoms.positions = atoms.positions + 0.001
-    with OpCounter() as ops:  # the whole call: neighbour list on the GPU, padding, copies, replay, results
+    with OpCounter() as ops:  # the whole call: the graph that builds the list and runs the model, the results
         atoms.get_forces()
     report(test="graphed_call_host_ops", ops=ops.total, counts=dict(ops.counts),
-           neighbor_list_source=calc.neighbor_list.source)
-    # one host synchronisation at most: the neighbour-list kernels' edge count (the sizes of the list)
-    syncs = 1 if calc.neighbor_list.source == "kernels" else 0
-    assert ops.counts.get("_local_scalar_dense", 0) == syncs, dict(ops.counts)
+           neighbor_list_source=calc.neighbor_list.source, filled_lists=calc.filled_lists)
+    assert calc.neighbor_list.source == "kernels" and calc.filled_lists == 2
+    # the list is built inside the graph: no host synchronisation but the results' one copy (the edge count comes
+    # with them), and a handful of torch operations (the positions' copy, the results' copy and views)
+    assert ops.counts.get("_local_scalar_dense", 0) == 0, dict(ops.counts)
+    assert ops.total <= 12, dict(ops.counts)
+    # the usual way (vesin's list, padded, copied into the graph): no synchronisation but the results' copy either
+    vesin = default_model_calculator("float32", neighbor_method="vesin")
+    atoms.calc = vesin
+    for _ in range(3):
+        atoms.positions = atoms.positions + 0.001
+        atoms.get_forces()
+    with OpCounter() as ops:
+        atoms.get_forces()
+    assert vesin.filled_lists == 0 and vesin.neighbor_list.source.startswith("vesin") and vesin.evaluator.graphs.replays
+    assert ops.counts.get("_local_scalar_dense", 0) == 0, dict(ops.counts)
     # a generous bound (the CPU path counts 16 besides the model; here the GPU neighbour list's conversions,
     # sort and CuPy allocations through torch, the input copies into the graph and the results' copy to the host)
     assert ops.total <= 80, dict(ops.counts)

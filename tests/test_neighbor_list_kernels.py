@@ -108,9 +108,13 @@ def test_neighbor_list_method_kernels_checked_once_then_trusted(emulated):
     launches = len(emulated.launches)
     nl(positions + 0.01, cell, pbc)
     assert nl.source == "kernels" and len(emulated.launches) == launches + 4  # wrap, boxes, count, fill
+    identity = nl._kernel_list._identity
     for _ in range(3):
         nl(positions, cell, pbc)
-    assert nl._kernel_list._identity.numel() == len(positions)  # no buffer grows call after call
+    nl(np.concatenate([positions, positions[:3] + 0.5]), cell, pbc)  # more atoms
+    # no buffer grows call after call, and the order of small systems is never replaced (a CUDA graph that
+    # captured a list holds its address)
+    assert nl._kernel_list._identity is identity and identity.numel() == K.SORT_MIN_ATOMS
 
 
 @emulated_only
@@ -170,7 +174,7 @@ def test_gpu_calculator_list_comes_from_the_kernels():
     for k in range(40):  # an MD run's lists: the same answer, no buffer growing call after call
         again = nl(atoms.positions, atoms.cell.array, atoms.pbc)
     assert nl.source == "kernels" and N.same_pairs(again, listed)
-    assert nl._kernel_list._identity.numel() == len(atoms)
+    assert nl._kernel_list._identity.numel() == K.SORT_MIN_ATOMS
 
 
 def test_parallel_periodic_vectors_are_refused():
@@ -266,3 +270,11 @@ def test_fill_into_checks_its_buffers():
     with pytest.raises(ValueError, match="at least one atom"):
         K.KernelNeighborList("cpu").fill_into(np.zeros((0, 3)), np.eye(3) * 5, np.ones(3, bool), 2.0,
                                               *buffers[:2], buffers[2].long(), torch.zeros(3, dtype=torch.int64))
+    # the device entry (a CUDA graph's list) checks its device tensors too
+    kl = K.KernelNeighborList("cpu")
+    staged, lattice = kl.stage(np.zeros((2, 3)), np.eye(3) * 5, np.ones(3, bool), 2.0)
+    edges = (*buffers[:2], buffers[2].long(), torch.zeros(3, dtype=torch.int64))
+    for positions, lat in [(staged.float(), lattice), (staged[:, :2], lattice), (staged, lattice[:20]),
+                           (staged.t(), lattice)]:
+        with pytest.raises(ValueError, match="positions \\[atoms, 3\\] and lattice"):
+            kl.fill_device(positions, lat, *edges)

@@ -151,6 +151,14 @@ def test_edge_capacity_grows_geometrically_and_never_shrinks():
             EdgeCapacity(**bad)
 
 
+def test_edge_capacity_defaults_pad_little_and_grow_by_a_tenth():
+    """The defaults (padding.DEFAULT_HEADROOM / DEFAULT_GROWTH): 3 % over the first count, then 10 % per growth."""
+    cap = EdgeCapacity()
+    assert cap.fit(158_000) == 162_740 and cap.fit(162_740) == 162_740 and cap.grown == 0
+    assert cap.fit(162_741) == 179_014 and cap.grown == 1  # 1.1 x 162,740 = 179,014
+    assert cap.fit(200_000) == 206_000 and cap.grown == 2  # 1.03 x the new count wins over 1.1 x 179,014
+
+
 def test_edge_capacity_is_kept_per_group():
     """A small structure after a large one keeps its own capacity (the evaluator groups by atom count)."""
     cap = EdgeCapacity(headroom=1.1, growth=1.5)

@@ -15,7 +15,8 @@ from .sequence import Program
 FAMILY = "neighbor_list"
 BLOCK_THREADS = 128
 CHUNK = 32  # atoms per bounding box: a warp's lanes
-LATTICE_LAYOUT = ("[23]: cell rows (9), inverse (9), reach per axis (3, -1 on open axes), cutoff^2, "
+LATTICE_SIZE = 23
+LATTICE_LAYOUT = (f"[{LATTICE_SIZE}]: cell rows (9), inverse (9), reach per axis (3, -1 on open axes), cutoff^2, "
                   "open axes' key bin (A)")
 
 

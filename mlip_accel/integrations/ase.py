@@ -23,7 +23,7 @@ from .cuda_graphs import StepEvaluator
 from .errors import InputError
 from .neighbors import NeighborList
 from .potentials import Potential, load_potential, potential_from_model
-from .potentials.base import cell_has_volume, evaluation
+from .potentials.base import cell_has_volume, evaluation, to_numpy, unpacked
 
 
 class AcceleratedCalculator(Calculator):
@@ -60,7 +60,7 @@ class AcceleratedCalculator(Calculator):
         self.neighbor_list = NeighborList(potential.r_max, potential.device, skin=neighbor_skin,
                                           method=neighbor_method)
         self.num_edges = 0
-        self.filled_lists = 0  # calls whose neighbour list the kernels wrote straight into the graph (diagnostics)
+        self.filled_lists = 0  # calls whose neighbour list the kernels built inside the CUDA graph (diagnostics)
         self._inputs_cache = None  # (numbers, types on the device, cell, cell on the device)
 
     @property
@@ -112,10 +112,10 @@ class AcceleratedCalculator(Calculator):
         types, cell_t = self._device_inputs(atoms.numbers, cell)  # unknown elements fail here, first
         want_stress = "stress" in properties
         stress = want_stress and cell_has_volume(cell, pbc)
-        # before any list kernel is queued: a copy from pageable memory waits for the work queued before it
-        positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
-        result = self._filled_call(positions, cell, pbc, positions_t, cell_t, types, stress)
+        result = self._listed_call(positions, cell, pbc, cell_t, types, stress)
         if result is None:
+            # before any list kernel is queued: a copy from pageable memory waits for the work queued before it
+            positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
             neighbors = self.neighbor_list(positions, cell, pbc)
             self.num_edges = neighbors.num_edges
             # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
@@ -128,28 +128,26 @@ class AcceleratedCalculator(Calculator):
         if result.stress is not None:
             self.results["stress"] = full_3x3_to_voigt_6_stress(result.stress)
 
-    def _filled_call(self, positions, cell, pbc, positions_t, cell_t, types, stress):
-        """The results with the neighbour list built by the kernels straight into the CUDA graph's edge buffers
-        (:meth:`StepEvaluator.run_filled`: the GPU runs the list and the model back to back, with no host
-        synchronisation between them), or None where that does not apply (the first call at this atom count, a
-        neighbour skin, graphs off, a list the kernels do not build) or the list outgrew the graph's edge capacity:
-        then the call goes the usual way (list, padding, evaluator), which grows the capacity."""
-        nl = self.neighbor_list
-        done = self.evaluator.run_filled(
-            positions_t, cell_t, pbc, types, stress=stress,
-            fill=lambda receivers, senders, unit_shifts, shift: nl.fill_into(positions, cell, pbc, receivers,
-                                                                             senders, unit_shifts, shift))
+    def _listed_call(self, positions, cell, pbc, cell_t, types, stress):
+        """The results of a CUDA graph that builds the neighbour list with the kernels and then runs the model
+        (:meth:`StepEvaluator.run_listed`: per call one copy of the positions and one replay), or None where that
+        does not apply (the first call at this atom count, a neighbour skin, graphs off, a list the kernels do not
+        build) or the list outgrew the graph's edge capacity: then the call goes the usual way (list, padding,
+        evaluator), which grows the capacity."""
+        listed = self.neighbor_list.in_graph(positions, cell, pbc)
+        if listed is None:
+            return None
+        done = self.evaluator.run_listed(listed, cell_t, pbc, types, stress=stress)
         if done is None:
             return None
-        outputs, count = done
-        result = evaluation(outputs)  # waits for the GPU: the count is there too
-        edges = int(count)
-        nl.check_count(edges, len(positions))
+        flat = to_numpy(done)  # waits for the GPU: the results, then the edge count
+        edges = int(flat[-1])
+        self.neighbor_list.check_count(edges, len(positions))
         if edges > self.evaluator.edge_capacity:
             return None
         self.num_edges = self.evaluator.num_edges = edges
         self.filled_lists += 1
-        return result
+        return unpacked(flat, len(positions), stress)
 
     def _device_inputs(self, numbers, cell) -> tuple:
         """The model types and the cell on the device, sent again only when they change (an MD run keeps

@@ -44,8 +44,9 @@ import numpy as np
 import torch
 
 from .errors import InputError
-from .neighbors import Neighbors
-from .padding import EdgeCapacity, PaddingTail, pad_neighbors, padding_cell
+from .neighbors import GraphList, Neighbors
+from .padding import DEFAULT_GROWTH, DEFAULT_HEADROOM, EdgeCapacity, PaddingTail, pad_neighbors, padding_cell
+from .potentials.base import packed
 
 WARMUP_CALLS = 2  # eager calls on a side stream before a capture: lazy initialisation, kernel compilation
 DEFAULT_MAX_GRAPHS = 8
@@ -55,7 +56,7 @@ DEFAULT_MAX_GRAPH_EDGES = 4_000_000  # cuda_graphs=True: beyond this a padded li
 # while the host issues the backward's launches late; its host time hardly depends on the system size, its GPU
 # time grows with the edges. A replay costs the GPU time of the padded list alone. The gain (eager - graphed)
 # therefore shrinks with the edges; beyond the size where it reaches zero a graph only adds the padding's extra
-# edges (up to the 10 % headroom). Measured anchors, fp32 (scripts/bench_md_sweep.py --impls eager forced,
+# edges (up to the headroom). Measured anchors, fp32 (scripts/bench_md_sweep.py --impls eager forced,
 # benchmarks/cuda_graphs_notes.md): real edges, eager ms, graphed ms (padded list) at 1000 and 8000 atoms of
 # diamond carbon at a 6 A cutoff. (The 2026-11-23 anchors, at 1000 and 2744 atoms before the MACE step's GPU time
 # halved, put both limits near 6-9e5.)
@@ -80,7 +81,9 @@ def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
 
 def break_even_edges(small, large, headroom: float = 1.1) -> float:
     """Padded edge count where the graphed step costs what the eager step does: the gain (eager - graphed) on
-    a straight line through the two anchors ``(real edges, eager ms, graphed ms)``, times the headroom."""
+    a straight line through the two anchors ``(real edges, eager ms, graphed ms)``, times ``headroom``: the
+    padding the anchors' graphed steps ran with (1.1, the capacity's headroom then; a smaller headroom since makes
+    the graphed step cheaper, so the limit errs towards running eagerly)."""
     (e_small, eager_small, graph_small), (e_large, eager_large, graph_large) = small, large
     gain_small, gain_large = eager_small - graph_small, eager_large - graph_large
     if gain_large >= gain_small:  # the gain does not shrink: no break-even in sight of these anchors
@@ -214,6 +217,7 @@ class GraphCache:
         self._fingerprint = None
         self._tensors = _ModelTensors(potential.model)
         self.disabled: str | None = None  # why graphs are off for good (a failed capture), else None
+        self.listed_disabled: str | None = None  # why graphs with the neighbour list in them are off, else None
         self.captures = 0  # diagnostics, tests
         self.replays = 0
         self.last_entry = None  # (key, entry) of the last replay, for replayer()
@@ -284,28 +288,36 @@ class GraphCache:
                               _KEPT_INPUTS + (_EDGE_INPUTS if own_edges else ()))
         return self._replay(key, entry, copy_outputs)
 
-    def run_filled(self, positions, cell, types, num_edges: int, stress: bool, fill) -> tuple | None:
-        """The graph captured for a padded list of ``num_edges`` edges (with a cell) replayed with its edge buffers
-        written in place by ``fill(receivers, senders, unit_shifts)`` (a neighbour list built and padded on the
-        device, whose count is the caller's to check: :meth:`StepEvaluator.run_filled`), which returns what the
-        caller wants back, or None to write nothing. Returns ``(outputs, fill's value)``, the outputs the graph's
-        own tensors (overwritten by its next replay), or None where no such graph is cached or ``fill`` wrote
-        nothing: nothing replayed."""
-        if self.disabled is not None or num_edges > self.max_graph_edges:
+    def run_listed(self, listed: GraphList, cell, types, num_edges: int, stress: bool, shift) -> torch.Tensor | None:
+        """The evaluation with its neighbour list built inside the graph, before the model (``listed``:
+        :meth:`~.neighbors.NeighborList.in_graph`), into edge buffers of ``num_edges`` (the capacity) padded with
+        inert edges of unit shift ``shift``: per call one copy of the positions and one replay, with no host work
+        between the list and the model. Captured at the first call for its atom count and capacity. Returns the
+        results and the edge count packed in one float64 device tensor (:func:`~.potentials.base.packed` with the
+        count as its extra), the graph's own (overwritten by its next replay); the caller checks the count: above
+        ``num_edges`` the results are void (the edges beyond the capacity were not written). None where graphs are
+        off or the capture failed: nothing ran."""
+        if self.disabled is not None or self.listed_disabled is not None or num_edges > self.max_graph_edges:
             return None
         self._drop_stale()
-        key = self._key(positions, cell, num_edges, True, stress)
+        positions = listed.positions
+        key = ("listed",) + self._key(positions, cell, num_edges, True, stress, cell.device)
         entry = self._graphs.get(key)
         if entry is None:
-            return None
-        for name in _EDGE_INPUTS:  # written in place (or left as they were): the next run() copies its own again
-            entry.sources[name] = None
-        filled = fill(*(entry.inputs[name] for name in _EDGE_INPUTS))
-        if filled is None:
-            return None
-        self._graphs.move_to_end(key)
-        self._copy_inputs(entry, {"positions": positions, "cell": cell, "types": types}, _KEPT_INPUTS)
-        return self._replay(key, entry, copy_outputs=False), filled
+            entry = self._capture_listed(listed, cell, types, num_edges, stress, shift)
+            if entry is None:
+                return None
+            self._graphs[key] = entry
+            self._evict()
+        else:
+            self._graphs.move_to_end(key)
+            with torch.no_grad():
+                entry.inputs["positions"].copy_(positions, non_blocking=True)
+            self._copy_inputs(entry, {"cell": cell, "types": types, "lattice": listed.lattice, "shift": shift},
+                              _LISTED_KEPT)
+        listed.staged_copied()
+        # not remembered for replayer(): a Replay copies positions only, and nobody would read this graph's count
+        return self._replay(key, entry, copy_outputs=False, remember=False)[_PACKED]
 
     def _drop_stale(self) -> None:
         """Every graph dropped if the model's parameters changed since the captures (new or edited tensors)."""
@@ -316,9 +328,9 @@ class GraphCache:
             self.clear()
             self._fingerprint = fingerprint
 
-    def _key(self, positions, cell, num_edges: int, with_cell: bool, stress: bool) -> tuple:
+    def _key(self, positions, cell, num_edges: int, with_cell: bool, stress: bool, device=None) -> tuple:
         return (positions.shape[0], num_edges, positions.dtype, cell.dtype, self.potential.dtype,
-                bool(with_cell), bool(stress), positions.device)
+                bool(with_cell), bool(stress), positions.device if device is None else device)
 
     @staticmethod
     def _copy_inputs(entry, sources: dict, kept) -> None:
@@ -332,10 +344,11 @@ class GraphCache:
                     entry.inputs[name].copy_(source)
                     entry.sources[name] = (source, _version(source)) if name in kept else None
 
-    def _replay(self, key, entry, copy_outputs: bool) -> dict:
+    def _replay(self, key, entry, copy_outputs: bool, remember: bool = True) -> dict:
         entry.graph.replay()
         self.replays += 1
-        self.last_entry = (key, entry)
+        if remember:
+            self.last_entry = (key, entry)
         if not copy_outputs:
             return dict(entry.outputs)
         return {k: v.clone() for k, v in entry.outputs.items()}
@@ -356,7 +369,6 @@ class GraphCache:
             old.graph.reset()
 
     def _capture(self, positions, cell, types, neighbors, with_cell, stress) -> _Graph | None:
-        device = positions.device
         sources = {"positions": positions, "cell": cell, "types": types, "receivers": neighbors.receivers,
                    "senders": neighbors.senders, "unit_shifts": neighbors.unit_shifts}
         inputs = {name: source.clone() for name, source in sources.items()}
@@ -366,17 +378,49 @@ class GraphCache:
             return self.potential.compute(inputs["positions"], inputs["cell"], inputs["types"], static,
                                           with_cell=with_cell, stress=stress)
 
+        return self._captured(step, inputs, {name: sources[name] for name in _KEPT_INPUTS})
+
+    def _capture_listed(self, listed: GraphList, cell, types, capacity: int, stress: bool, shift) -> _Graph | None:
+        device = cell.device
+        with torch.no_grad():
+            inputs = {"positions": listed.positions.to(device), "lattice": listed.lattice.clone(),
+                      "cell": cell.clone(), "types": types.clone(), "shift": shift.clone(),
+                      "receivers": torch.empty(capacity, dtype=torch.int64, device=device),
+                      "senders": torch.empty(capacity, dtype=torch.int64, device=device),
+                      "unit_shifts": torch.empty((capacity, 3), dtype=torch.int64, device=device)}
+
+        def step():
+            count = listed.fill(inputs["positions"], inputs["lattice"], inputs["receivers"], inputs["senders"],
+                                inputs["unit_shifts"], inputs["shift"])
+            static = Neighbors(inputs["receivers"], inputs["senders"], inputs["unit_shifts"])
+            outputs = self.potential.compute(inputs["positions"], inputs["cell"], inputs["types"], static,
+                                             with_cell=True, stress=stress)
+            # one output, packed in the graph: the host's one copy of it needs no launch of its own
+            return {_PACKED: packed(outputs, extra=count)}
+
+        sources = {"cell": cell, "types": types, "lattice": listed.lattice, "shift": shift}
+        return self._captured(step, inputs, sources, listed=True)
+
+    def _captured(self, step, inputs: dict, kept: dict, listed: bool = False) -> _Graph | None:
+        """``step()`` (the evaluation on the static ``inputs``) captured; ``kept``: the sources of the inputs
+        whose copy a later call skips while they are the same unedited tensors. None where the capture failed:
+        graphs are off from then on (``listed``: only graphs with the neighbour list in them)."""
         try:
-            graph, outputs, nbytes = self._record(step, inputs, device)
+            graph, outputs, nbytes = self._record(step, inputs, inputs["positions"].device)
         except Exception as err:  # out of memory, an op that syncs with the host, a framework path we can't capture
-            self.disabled = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            warnings.warn(f"mlip_accel: CUDA graph capture failed ({self.disabled}); this model runs without CUDA "
-                          "graphs from now on", RuntimeWarning, stacklevel=4)
-            self.clear()
+            why = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if listed:
+                self.listed_disabled = why
+                then = "the neighbour list is built outside the graphs from now on"
+            else:
+                self.disabled = why
+                then = "this model runs without CUDA graphs from now on"
+            warnings.warn(f"mlip_accel: CUDA graph capture failed ({why}); {then}", RuntimeWarning, stacklevel=5)
+            self.clear()  # the shared pool's state after a failed capture is not to be trusted
             return None
         self.captures += 1
         return _Graph(graph=graph, inputs=inputs, outputs=outputs, nbytes=nbytes,
-                      sources={name: (sources[name], _version(sources[name])) for name in _KEPT_INPUTS})
+                      sources={name: (source, _version(source)) for name, source in kept.items()})
 
     def _record(self, step, inputs: dict, device) -> tuple:
         """(graph, its output tensors, device bytes it added): ``step`` warmed up and captured on ``device``
@@ -411,6 +455,9 @@ class GraphCache:
 # the edges only when they are the evaluator's own padded tensors (a neighbour list reused with a skin)
 _KEPT_INPUTS = ("cell", "types")
 _EDGE_INPUTS = ("receivers", "senders", "unit_shifts")
+# a graph with the neighbour list in it (run_listed): its kept inputs, and the output that holds the edge count
+_LISTED_KEPT = _KEPT_INPUTS + ("lattice", "shift")
+_PACKED = "packed"
 
 
 def _version(t: torch.Tensor):
@@ -450,8 +497,9 @@ class StepEvaluator:
     ``edge_capacity`` report the last call's real and padded edge counts.
     """
 
-    def __init__(self, potential, cuda_graphs="auto", pad_edges: bool | None = None, headroom: float = 1.1,
-                 growth: float = 1.25, max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int | None = None,
+    def __init__(self, potential, cuda_graphs="auto", pad_edges: bool | None = None,
+                 headroom: float = DEFAULT_HEADROOM, growth: float = DEFAULT_GROWTH,
+                 max_graphs: int = DEFAULT_MAX_GRAPHS, max_graph_bytes: int | None = None,
                  max_graph_edges: int | None = None):
         self.potential = potential
         graphs = resolve_cuda_graphs(cuda_graphs, potential.device)
@@ -536,32 +584,28 @@ class StepEvaluator:
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
 
-    def run_filled(self, positions: torch.Tensor, cell: torch.Tensor, pbc, types: torch.Tensor, fill,
-                   stress: bool = False) -> tuple | None:
-        """The evaluation replayed from the graph this atom count ran as at its edge capacity, with the neighbour
-        list written by ``fill(receivers, senders, unit_shifts, shift)`` straight into the graph's edge buffers
-        (one length, the capacity; ``shift``: the padding edges' unit shift): no host synchronisation and no
-        padding or copy of the edges on the host before the replay. ``fill`` writes the edges, pads the rest with
-        inert edges and returns the edge count as a device tensor, or returns None having written nothing
-        (:meth:`~.neighbors.NeighborList.fill_into`). Returns ``(outputs, count)``, the outputs the graph's own
-        tensors (as ``copy_outputs=False``), or None where there is no such graph yet (the first call at this
-        atom count, graphs off) or ``fill`` wrote nothing: then build the list and call the evaluator. The caller
-        reads the count with the outputs; above :attr:`edge_capacity` the outputs are void (the edges beyond the
-        capacity were not written) and the call must go the usual way, which grows the capacity."""
+    def run_listed(self, listed: GraphList, cell: torch.Tensor, pbc, types: torch.Tensor,
+                   stress: bool = False) -> torch.Tensor | None:
+        """The evaluation replayed from a graph that builds the neighbour list on the device first (``listed``:
+        :meth:`~.neighbors.NeighborList.in_graph`), at the edge capacity this atom count runs at: per call one copy
+        of the positions and one replay, no host work between the list and the model (:meth:`GraphCache.run_listed`;
+        captured at its first call). Returns the results and the edge count packed in one float64 device tensor
+        (:func:`~.potentials.base.packed`, the count last), the graph's own (as ``copy_outputs=False``), or None
+        where this atom count has no capacity yet (its first call) or graphs are off: then build the list and call
+        the evaluator. The caller reads the count with the results; above :attr:`edge_capacity` the results are
+        void (the edges beyond the capacity were not written) and the call must go the usual way, which grows the
+        capacity."""
+        self._replayed = False  # (a Replay of this graph would copy the positions only: replayer() gives none)
         if self.graphs is None or not self.pad_edges:
             return None
         pbc = _three_flags(pbc)
-        capacity = self.capacity.of(group=positions.shape[0])
+        capacity = self.capacity.of(group=listed.positions.shape[0])
         if not capacity:
             return None
         model_cell, shift = self._padding(cell, pbc)
-        done = self.graphs.run_filled(positions, model_cell, types, capacity, stress,
-                                      lambda receivers, senders, unit_shifts: fill(receivers, senders, unit_shifts,
-                                                                                   shift))
-        if done is None:
-            return None
-        self._replayed = True
-        self.edge_capacity = capacity
+        done = self.graphs.run_listed(listed, model_cell, types, capacity, stress, shift)
+        if done is not None:
+            self.edge_capacity = capacity
         return done
 
     def replayer(self):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,6 +28,17 @@ class Neighbors:
     @property
     def num_edges(self) -> int:
         return int(self.receivers.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphList:
+    """A neighbour list to be built on the device inside a CUDA graph (:meth:`NeighborList.in_graph`)."""
+    positions: torch.Tensor  # (N, 3) float64 on the host (pinned on CUDA), valid until the next list
+    lattice: torch.Tensor  # the lattice on the device (runtime.neighbor_list.lattice), one tensor per cell
+    staged_copied: Callable[[], None]  # call once the copy of ``positions`` to the device is queued
+    # fill(positions, lattice, receivers, senders, unit_shifts, shift) -> the edge count [1] (device tensors in,
+    # launches only: runtime.neighbor_list.KernelNeighborList.fill_device)
+    fill: Callable[..., torch.Tensor]
 
 
 def check_cell(cell: np.ndarray, pbc: np.ndarray) -> None:
@@ -184,24 +196,23 @@ class NeighborList:
                 self.skin = self.small_list_skin[0]
         return neighbors
 
-    def fill_into(self, positions: np.ndarray, cell: np.ndarray, pbc, receivers: torch.Tensor, senders: torch.Tensor,
-                  unit_shifts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor | None:
-        """A new list (no skin) written by the kernels straight into buffers of one length, the capacity (a CUDA
-        graph's edge inputs), padded up to it with inert edges, with no host synchronisation (see
-        :meth:`~mlip_accel.runtime.neighbor_list.KernelNeighborList.fill_into`): the edge count as a device tensor,
-        for the caller to read and check after the work on the buffers (:meth:`check_count`). None where the kernels
-        do not build this list (not checked against the CPU list yet, a skin, a system they do not take): build it
-        with :meth:`__call__` then."""
+    def in_graph(self, positions: np.ndarray, cell: np.ndarray, pbc) -> "GraphList | None":
+        """A new list (no skin) for the kernels to build inside a CUDA graph, before the model that reads it
+        (:meth:`~.cuda_graphs.StepEvaluator.run_listed`): the positions staged on the host and the lattice on the
+        device, and the capture-safe fill. The graph's count output is the caller's to read and check after the
+        replay (:meth:`check_count`). None where the kernels do not build this list (not checked against the CPU
+        list yet, a skin, a system they do not take): build it with :meth:`__call__` then."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
         if not (self.kernels and "kernels" in self._checked and self.skin == 0 and len(positions)):
             return None
         self._check_inputs(positions, cell, pbc)
-        if not self._kernel_list.takes(len(positions), cell, pbc, self.cutoff):
+        kernels = self._kernel_list
+        if not kernels.takes(len(positions), cell, pbc, self.cutoff):
             return None
-        count = self._kernel_list.fill_into(positions, cell, pbc, self.cutoff, receivers, senders, unit_shifts, shift)
+        staged, lattice = kernels.stage(positions, cell, pbc, self.cutoff)
         self.builds += 1
         self.source = "kernels"
-        return count
+        return GraphList(staged, lattice, kernels.staged_copied, kernels.fill_device)
 
     def _check_inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
         """InputError for a cell without independent periodic vectors or non-finite positions; the cell last found
@@ -216,7 +227,7 @@ class NeighborList:
                              f"{', ...' if bad.size > 10 else ''}): no neighbour list")
 
     def check_count(self, edges: int, atoms: int) -> None:
-        """A RuntimeError for an edge count that :meth:`fill_into` cannot have made for ``atoms`` atoms."""
+        """A RuntimeError for an edge count that an :meth:`in_graph` list cannot have made for ``atoms`` atoms."""
         self._kernel_list.check_count(edges, atoms)
 
     def _build(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, skin: float = 0.0,

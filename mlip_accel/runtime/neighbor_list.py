@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..codegen.neighbor_list import CHUNK, neighbor_list_program
+from ..codegen.neighbor_list import CHUNK, LATTICE_SIZE, neighbor_list_program
 from . import debug
 from .launch_plan import launch
 
@@ -89,7 +89,8 @@ class KernelNeighborList:
         self._lattice = None  # (key, host values, device tensor, images bound)
         self._staging = torch.empty(0, dtype=torch.float64)  # pinned on CUDA; grown as needed
         self._identity = torch.empty(0, dtype=torch.int64)  # the order of small systems: arange(atoms)
-        self._copied = None  # CUDA: the event after the last copy out of the staging buffer
+        self._copied = None  # CUDA: the event after the last copy out of the staging buffer, until waited for
+        self._copy_event = None  # that event (one, recorded again at each copy)
 
     def lattice(self, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> np.ndarray:
         """The lattice's values (computed and sent to the device when the cell, pbc or cutoff change)."""
@@ -112,7 +113,7 @@ class KernelNeighborList:
         if n == 0:
             empty = torch.empty(0, dtype=torch.int64, device=device)
             return empty, empty.clone(), empty.view(0, 3).clone()
-        program, fill, walked, ends = self._counted(positions, cell, pbc, cutoff)
+        program, fill, walked, ends = self._counted(*self._sent(positions, cell, pbc, cutoff))
         edges = int(ends[-1])  # the one synchronisation
         self.check_count(edges, n)
         out = _written(5 * edges, torch.int64, device)
@@ -125,22 +126,61 @@ class KernelNeighborList:
     def fill_into(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float,
                   receivers: torch.Tensor, senders: torch.Tensor, unit_shifts: torch.Tensor,
                   shift: torch.Tensor) -> torch.Tensor:
-        """The list written into given buffers of one length, the capacity (a CUDA graph's edge inputs), with no
-        host synchronisation: the edges in receiver order below the capacity, then inert padding edges (the k-th a
-        self-edge of atom k mod atoms with the unit shift ``shift``, (3,) int64: integrations/padding.py) up to it.
-        Returns the edge count, a one-element int64 tensor on the device: the caller reads it after the work that
-        uses the buffers, checks it (:meth:`check_count`) and redoes that work with larger buffers where it
-        exceeds the capacity (the edges beyond it were not written)."""
-        n, device, capacity = len(positions), self.device, receivers.shape[0]
-        if n == 0:
+        """:meth:`fill_device` from host positions (staged and copied here): the list written into given buffers
+        of one length, the capacity, with no host synchronisation."""
+        if len(positions) == 0:
             raise ValueError("fill_into needs at least one atom (the padding edges are self-edges)")
+        return self.fill_device(*self._sent(positions, cell, pbc, cutoff), receivers, senders, unit_shifts, shift)
+
+    def stage(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> tuple:
+        """``(positions in the staging buffer, the lattice on the device)``: the host's part of a list. The staged
+        positions (pinned on CUDA, so that their copy to the device does not wait for queued work) stay valid until
+        the next call: the caller copies them to the device and then calls :meth:`staged_copied`."""
+        self.lattice(cell, pbc, cutoff)
+        return self._staged(positions), self._lattice[2]
+
+    def _sent(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> tuple:
+        """``(positions, lattice)`` on the device: staged and copied."""
+        staged, lattice_d = self.stage(positions, cell, pbc, cutoff)
+        positions_d = _written(staged.numel(), torch.float64, self.device).view(-1, 3)
+        positions_d.copy_(staged, non_blocking=True)
+        self.staged_copied()
+        return positions_d, lattice_d
+
+    def staged_copied(self) -> None:
+        """The copy out of the staging buffer is queued: the next :meth:`stage` waits for it before writing."""
+        if self.device.type == "cuda":
+            if self._copy_event is None:
+                self._copy_event = torch.cuda.Event()
+            self._copy_event.record(torch.cuda.current_stream(self.device))
+            self._copied = self._copy_event
+
+    def fill_device(self, positions: torch.Tensor, lattice: torch.Tensor, receivers: torch.Tensor,
+                    senders: torch.Tensor, unit_shifts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """The list of ``positions`` ([atoms, 3] float64 on the device) in ``lattice`` (the device tensor
+        :meth:`stage` returned, or a copy of it) written into given buffers of one length, the capacity (a CUDA
+        graph's edge inputs), with no host synchronisation and no host data: the edges in receiver order below the
+        capacity, then inert padding edges (the k-th a self-edge of atom k mod atoms with the unit shift ``shift``,
+        (3,) int64: integrations/padding.py) up to it. Launches only, so it can be captured in a CUDA graph (the
+        list then replays with the model: integrations.cuda_graphs.GraphCache.run_listed). Returns the edge count,
+        a one-element int64 tensor on the device: the caller reads it after the work that uses the buffers, checks
+        it (:meth:`check_count`) and redoes that work with larger buffers where it exceeds the capacity (the edges
+        beyond it were not written)."""
+        n, device, capacity = positions.shape[0], self.device, receivers.shape[0]
+        if n == 0:
+            raise ValueError("fill_device needs at least one atom (the padding edges are self-edges)")
         if (senders.shape != (capacity,) or unit_shifts.shape != (capacity, 3) or shift.shape != (3,)
                 or any(t.dtype != torch.int64 or t.device.type != device.type or not t.is_contiguous()
                        for t in (receivers, senders, unit_shifts, shift))):
             # (by device type: torch.device("cuda") differs from a tensor's "cuda:0")
-            raise ValueError("fill_into: receivers and senders [capacity], unit_shifts [capacity, 3] and shift [3], "
-                             f"contiguous int64 tensors on {device}")
-        program, fill, walked, ends = self._counted(positions, cell, pbc, cutoff)
+            raise ValueError("fill_device: receivers and senders [capacity], unit_shifts [capacity, 3] and shift "
+                             f"[3], contiguous int64 tensors on {device}")
+        if (positions.shape != (n, 3) or positions.dtype != torch.float64 or not positions.is_contiguous()
+                or lattice.shape != (LATTICE_SIZE,) or lattice.dtype != torch.float64
+                or any(t.device.type != device.type for t in (positions, lattice))):
+            raise ValueError(f"fill_device: positions [atoms, 3] and lattice [{LATTICE_SIZE}], contiguous float64 "
+                             f"tensors on {device}")
+        program, fill, walked, ends = self._counted(positions, lattice)
         edge_buffers = dict(receivers=receivers, senders=senders, unit_shifts=unit_shifts, capacity=capacity)
         launch(program, fill, dict(walked, ends=ends, **edge_buffers), device)
         launch(program, program.plans[4], dict(ends=ends, shift=shift, atoms=n, **edge_buffers), device)
@@ -151,25 +191,20 @@ class KernelNeighborList:
         if not 0 <= edges <= atoms * atoms * self._lattice[3]:
             raise RuntimeError(f"the neighbour-list kernels counted {edges} edges for {atoms} atoms: impossible")
 
-    def _counted(self, positions, cell, pbc, cutoff) -> tuple:
-        """The passes before the fill, launched: (program, fill plan, the values the fill walks, ends [atoms]: the
-        inclusive sum of the edge counts, on the device)."""
-        self.lattice(cell, pbc, cutoff)
-        values = self._lattice[2]
-        n, device = len(positions), self.device
+    def _counted(self, positions_d: torch.Tensor, values: torch.Tensor) -> tuple:
+        """The passes before the fill, launched on ``positions_d`` (on the device) in the lattice ``values`` (on
+        the device): (program, fill plan, the values the fill walks, ends [atoms]: the inclusive sum of the edge
+        counts, on the device). Launches and device allocations only (no host data, no synchronisation)."""
+        n, device = positions_d.shape[0], self.device
         chunks = -(-n // CHUNK)
         program = neighbor_list_program()
         wrap, boxes, count, fill, _ = program.plans
         # two workspaces instead of eight allocations (~5 us of host time each)
-        floats = _written(12 * n + 6 * chunks, torch.float64, device)
-        positions_d, points, fractions, sorted_points = (v.view(n, 3) for v in floats[:12 * n].split(3 * n))
-        chunk_boxes = floats[12 * n:].view(chunks, 6)
+        floats = _written(9 * n + 6 * chunks, torch.float64, device)
+        points, fractions, sorted_points = (v.view(n, 3) for v in floats[:9 * n].split(3 * n))
+        chunk_boxes = floats[9 * n:].view(chunks, 6)
         ints = _written(5 * n, torch.int64, device)
         wraps, keys, counts = ints[:3 * n].view(n, 3), ints[3 * n:4 * n], ints[4 * n:]
-        positions_d.copy_(self._staged(positions), non_blocking=True)
-        if device.type == "cuda":  # the staging buffer is free again once this copy is done
-            self._copied = torch.cuda.Event()
-            self._copied.record(torch.cuda.current_stream(device))
         launch(program, wrap, dict(lattice=values, positions=positions_d, points=points, fractions=fractions,
                                    wraps=wraps, keys=keys, atoms=n), device)
         order = torch.argsort(keys, stable=True) if n > SORT_MIN_ATOMS else self._order(n)
@@ -196,8 +231,11 @@ class KernelNeighborList:
         return view.view(-1, 3)
 
     def _order(self, n: int) -> torch.Tensor:
-        if self._identity.numel() < n:  # on self.device: created there
-            self._identity = torch.arange(n, device=self.device)
+        """arange(n) (n <= SORT_MIN_ATOMS), a view of one tensor made at the first call and never replaced: a CUDA
+        graph that captured a list holds its address (runtime.neighbor_list is captured by
+        integrations.cuda_graphs.GraphCache.run_listed)."""
+        if self._identity.numel() == 0:  # on self.device: created there
+            self._identity = torch.arange(SORT_MIN_ATOMS, device=self.device)
         return self._identity[:n]
 
 

@@ -160,13 +160,26 @@ class Potential:
 
 def evaluation(tensors: dict) -> Evaluation:
     """Device results (:meth:`Potential.compute`) -> host numbers for ASE, in one device-to-host copy."""
-    energies, forces, stress = tensors["energies"].reshape(-1), tensors["forces"].reshape(-1), tensors.get("stress")
-    n = energies.shape[0]
-    parts = [tensors["energy"].reshape(1), energies, forces] + ([] if stress is None else [stress.reshape(-1)])
-    # one cat (it promotes mixed float32/float64 parts exactly), one copy to the host; float32 -> float64 there
-    flat = to_numpy(torch.cat(parts))
+    return unpacked(to_numpy(packed(tensors)), tensors["energies"].numel(), tensors.get("stress") is not None)
+
+
+def packed(tensors: dict, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """Device results (:meth:`Potential.compute`) as one flat device tensor, for one copy to the host: energy,
+    energies, forces, stress (where there), then ``extra`` (float64 then; a CUDA graph's edge count: exact up to
+    2^53). One cat: it promotes mixed float32/float64 parts exactly."""
+    parts = [tensors["energy"].reshape(1), tensors["energies"].reshape(-1), tensors["forces"].reshape(-1)]
+    if tensors.get("stress") is not None:
+        parts.append(tensors["stress"].reshape(-1))
+    if extra is not None:
+        parts.append(extra.reshape(-1).to(torch.float64))
+    return torch.cat(parts)
+
+
+def unpacked(flat: np.ndarray, atoms: int, stress: bool) -> Evaluation:
+    """:func:`packed`'s layout on the host (float64) -> the results (views of ``flat``; ``extra`` after them)."""
+    n = atoms
     return Evaluation(energy=float(flat[0]), energies=flat[1:1 + n], forces=flat[1 + n:1 + 4 * n].reshape(n, 3),
-                      stress=None if stress is None else flat[1 + 4 * n:].reshape(3, 3))
+                      stress=flat[1 + 4 * n:10 + 4 * n].reshape(3, 3) if stress else None)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
