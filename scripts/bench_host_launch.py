@@ -4,7 +4,7 @@ call of (each over --reps calls, the GPU kept busy so nothing waits on it):
 
 - ``launch``: ``runtime.launch_plan.launch`` of the neighbour list's pad kernel (one thread), whole;
 - ``kernel_arguments``: its marshalling alone; ``executor.launch``: the executor's part (function lookup,
-  driver parameters, device guard, stream, the driver call);
+  driver parameters, device guard, stream, the driver call), and each of those parts alone;
 - torch's ``empty`` and ``cumsum`` on the device, for scale;
 - ``fill_into``: ``KernelNeighborList.fill_into`` of a 1000-atom diamond-carbon list into fixed buffers (no
   synchronisation; the GPU idle at each call's start), with ``--profile`` under cProfile too (own time per
@@ -48,6 +48,43 @@ def _us(fn, reps: int, busy: bool = True) -> float:
     return 1e6 * statistics.median(times)
 
 
+def _executor_parts(ex, program, plan, grid, block, argv_, device, reps) -> dict:
+    """The executor's launch path taken apart (the same calls it makes, one by one)."""
+    import ctypes
+
+    from cupy_backends.cuda.api import driver
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    func = ex.executor_for(device).function(program, plan.kernel, device)
+    kinds = [ctypes.c_void_p if a.is_pointer else {"long long": ctypes.c_longlong, "int": ctypes.c_int}[a.ctype]
+             for a in plan.arguments]
+
+    def params():
+        values = [k(v) for k, v in zip(kinds, argv_)]
+        return values, (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+
+    def guard():
+        with torch.cuda.device(index):
+            pass
+
+    keep, array = params()
+    stream = torch.cuda.current_stream(index).cuda_stream
+
+    def raw_launch():
+        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
+                            ctypes.addressof(array), 0)
+
+    return {"executor: function lookup": _us(lambda: ex.executor_for(device).function(program, plan.kernel, device),
+                                             reps),
+            "executor: ctypes parameters": _us(params, reps),
+            "executor: torch.cuda.device guard": _us(guard, reps),
+            "executor: driver.ctxGetCurrent": _us(driver.ctxGetCurrent, reps),
+            "executor: torch.cuda.current_stream().cuda_stream": _us(
+                lambda: torch.cuda.current_stream(index).cuda_stream, reps),
+            "executor: torch.cuda.current_device": _us(torch.cuda.current_device, reps),
+            "executor: driver.launchKernel alone": _us(raw_launch, reps)}
+
+
 def main(argv=None) -> None:
     import bench_md
     from bench_graphs import build_graph
@@ -76,6 +113,7 @@ def main(argv=None) -> None:
             "executor.launch": _us(lambda: ex.executor_for(device).launch(program, pad, grid, block, argv_, device),
                                    args.reps),
             "torch.empty": _us(lambda: torch.empty(1000, device=device), args.reps),
+            **_executor_parts(ex, program, pad, grid, block, argv_, device, args.reps),
             "torch.cumsum": _us(lambda: torch.cumsum(ends, 0), args.reps)}
     graph = build_graph("carbon-5c", device="cpu")
     pos, cell, pbc, _, _ = bench_md.structure(graph)

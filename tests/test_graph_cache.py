@@ -540,6 +540,26 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
 
 
 @pytest.mark.nequip
+def test_lists_are_counted_once_with_or_without_graphs(emulated):
+    """Without graphs the kernels' list is built once per call (not staged for a graph first), and with graphs
+    the list built inside the graph counts as one build too."""
+    model = nequip_model()
+    atoms = two_element_structures("Cu", "Ag")["cell"]
+    plain = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                             cuda_graphs=False, neighbor_method="kernels")
+    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
+                                               neighbor_skin=0.0, neighbor_method="kernels")
+    cpu_graphed(graphed)
+    for calc in (plain, graphed):
+        for step in range(3):
+            moved = atoms.copy()
+            moved.rattle(0.02, seed=step)
+            calc.get_forces(moved)
+        assert calc.neighbor_list.builds == 3 and calc.neighbor_list.source == "kernels"
+    assert plain.filled_lists == 0 and graphed.filled_lists == 2
+
+
+@pytest.mark.nequip
 def test_no_list_into_the_graph_with_a_skin_or_after_a_parameter_change(emulated):
     model = nequip_model()
     atoms = two_element_structures("Cu", "Ag")["cell"]

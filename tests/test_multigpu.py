@@ -168,6 +168,24 @@ def _fake_module():
     return types.SimpleNamespace(source=source, plans=plans, walk=plans[0], fix=plans[1])
 
 
+def test_kernel_parameters_point_at_values_of_the_plans_types():
+    """The driver's parameter array: one pointer per argument, to a value of the plan's C type (the types are
+    worked out once per plan; every launch builds its own values)."""
+    import ctypes
+
+    from mlip_accel.codegen.launch_plan import Argument, GridRule, LaunchPlan
+    args = (Argument("x", "float*", "output", "[n]"), Argument("n", "long long", "scalar"),
+            Argument("k", "int", "scalar"))
+    plan = LaunchPlan(family="test", kernel="walk", arguments=args,
+                      grid=GridRule(items="n", threads_per_item=1, block_threads=32))
+    for x, n, k in ((0xDEAD00, 3, -2), (0, -(1 << 40), 7)):
+        keep, params = executor._c_params(plan, [x, n, k])
+        assert len(params) == 3 and len(keep) == 3
+        assert (ctypes.c_void_p.from_address(params[0]).value or 0) == x
+        assert ctypes.c_longlong.from_address(params[1]).value == n
+        assert ctypes.c_int.from_address(params[2]).value == k
+
+
 def test_compiled_once_per_architecture_loaded_and_launched_per_device(fake_gpus):
     from mlip_accel.runtime import compiler
     exe, module = executor.CudaExecutor(), _fake_module()

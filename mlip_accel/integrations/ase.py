@@ -134,6 +134,8 @@ class AcceleratedCalculator(Calculator):
         does not apply (the first call at this atom count, a neighbour skin, graphs off, a list the kernels do not
         build) or the list outgrew the graph's edge capacity: then the call goes the usual way (list, padding,
         evaluator), which grows the capacity."""
+        if not self.evaluator.listed_ready(len(positions)):
+            return None
         listed = self.neighbor_list.in_graph(positions, cell, pbc)
         if listed is None:
             return None
@@ -146,6 +148,7 @@ class AcceleratedCalculator(Calculator):
         if edges > self.evaluator.edge_capacity:
             return None
         self.num_edges = self.evaluator.num_edges = edges
+        self.neighbor_list.built_in_graph()
         self.filled_lists += 1
         return unpacked(flat, len(positions), stress)
 

@@ -547,7 +547,8 @@ def _summary(result, calc, args, out, session: _Session) -> None:
     nl = calc.neighbor_list
     skin = f"skin {'auto, now ' if nl.auto else ''}{nl.skin:g} A, " if nl.skin > 0 or nl.auto else ""
     by = f", the last by {nl.source}" if nl.source else ""
-    print(f"  nlist   : {skin}{nl.builds} lists built for {result.steps + 1} evaluations{by}", file=out)
+    inside = f", {calc.filled_lists} of them inside the CUDA graph" if getattr(calc, "filled_lists", 0) else ""
+    print(f"  nlist   : {skin}{nl.builds} lists built for {result.steps + 1} evaluations{inside}{by}", file=out)
     if result.loop:
         graphed = ", half-steps graphed" if result.loop["graphs"] else ""
         print(f"  loop    : device-resident{graphed}; {result.loop['host_reads']} host reads in {result.steps} steps, "

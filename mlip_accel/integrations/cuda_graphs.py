@@ -584,6 +584,14 @@ class StepEvaluator:
                 return out
         return self.potential.compute(positions, model_cell, types, padded, with_cell=True, stress=stress)
 
+    def listed_ready(self, atoms: int) -> bool:
+        """Whether :meth:`run_listed` can run for ``atoms`` atoms (graphs on, a capacity known for this atom count
+        and within the graph limit): asked before a list is staged for it."""
+        graphs = self.graphs
+        capacity = self.capacity.of(group=atoms)
+        return (graphs is not None and self.pad_edges and graphs.disabled is None and graphs.listed_disabled is None
+                and 0 < capacity <= graphs.max_graph_edges)
+
     def run_listed(self, listed: GraphList, cell: torch.Tensor, pbc, types: torch.Tensor,
                    stress: bool = False) -> torch.Tensor | None:
         """The evaluation replayed from a graph that builds the neighbour list on the device first (``listed``:

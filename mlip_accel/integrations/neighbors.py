@@ -201,7 +201,8 @@ class NeighborList:
         (:meth:`~.cuda_graphs.StepEvaluator.run_listed`): the positions staged on the host and the lattice on the
         device, and the capture-safe fill. The graph's count output is the caller's to read and check after the
         replay (:meth:`check_count`). None where the kernels do not build this list (not checked against the CPU
-        list yet, a skin, a system they do not take): build it with :meth:`__call__` then."""
+        list yet, a skin, a system they do not take): build it with :meth:`__call__` then. Counted in
+        :attr:`builds` by :meth:`built_in_graph`, once the graph ran."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
         if not (self.kernels and "kernels" in self._checked and self.skin == 0 and len(positions)):
             return None
@@ -210,9 +211,12 @@ class NeighborList:
         if not kernels.takes(len(positions), cell, pbc, self.cutoff):
             return None
         staged, lattice = kernels.stage(positions, cell, pbc, self.cutoff)
+        return GraphList(staged, lattice, kernels.staged_copied, kernels.fill_device)
+
+    def built_in_graph(self) -> None:
+        """Count the list of the last :meth:`in_graph` as built: its graph ran and its count was good."""
         self.builds += 1
         self.source = "kernels"
-        return GraphList(staged, lattice, kernels.staged_copied, kernels.fill_device)
 
     def _check_inputs(self, positions: np.ndarray, cell: np.ndarray, pbc: np.ndarray) -> None:
         """InputError for a cell without independent periodic vectors or non-finite positions; the cell last found

@@ -31,17 +31,35 @@ from . import compiler
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int}
 
 
+# id(plan) -> (plan, the ctypes type of each argument): made once per plan (the plan is kept, so that its id
+# stays its own); a launch then only builds the values
+_KINDS: dict[int, tuple] = {}
+
+
+def _param_kinds(plan) -> tuple:
+    hit = _KINDS.get(id(plan))
+    if hit is None or hit[0] is not plan:
+        hit = _KINDS[id(plan)] = (plan, tuple(ctypes.c_void_p if a.is_pointer else _SCALARS[a.ctype]
+                                              for a in plan.arguments))
+    return hit[1]
+
+
 def _c_params(plan, args):
     """The driver's kernel parameters: a ctypes array of pointers to each argument, typed as the plan says
     (returned with the values it points to, which must outlive the launch call)."""
-    values = [ctypes.c_void_p(v) if a.is_pointer else _SCALARS[a.ctype](v) for a, v in zip(plan.arguments, args)]
-    return values, (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    values = [kind(v) for kind, v in zip(_param_kinds(plan), args)]
+    return values, (ctypes.c_void_p * len(values))(*map(ctypes.addressof, values))
+
+
+_BINDINGS: list = []  # CuPy's (driver, runtime), once imported
 
 
 def _driver_api():
-    """CuPy's driver and runtime bindings (imported only where kernels are loaded or launched)."""
-    from cupy_backends.cuda.api import driver, runtime
-    return driver, runtime
+    """CuPy's driver and runtime bindings (imported only where kernels are loaded or launched; once)."""
+    if not _BINDINGS:
+        from cupy_backends.cuda.api import driver, runtime
+        _BINDINGS.append((driver, runtime))
+    return _BINDINGS[0]
 
 
 def device_index(device: torch.device) -> int:
@@ -169,9 +187,12 @@ class CudaExecutor:
         return {index for _, index in self._programs}
 
     def launch(self, program, plan, grid, block, args, device: torch.device) -> None:
-        func = self.function(program, plan.kernel, device)
+        index = device_index(device)
+        func = self._functions.get((index, id(program), plan.kernel))  # loaded: one lookup, no lock
+        if func is None:
+            func = self.function(program, plan.kernel, device)
         _keep, params = _c_params(plan, args)
-        launch_function(func, grid, block, params, device_index(device))
+        launch_function(func, grid, block, params, index)
 
 
 _CUDA: CudaExecutor | None = None
