@@ -436,6 +436,11 @@ def test_mace_cutoff_envelope_is_exactly_zero_beyond_r_max():
 # ------------------------------------------------------------------------------------ list into the graph
 
 
+def _cpu_calculator(model, **kwargs):
+    """A calculator of a copy of ``model`` on the CPU, reference backend."""
+    return AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference", **kwargs)
+
+
 def _calls_agree(calc, plain, atoms) -> None:
     """One call of each calculator (energy, forces, and stress where the cell has a volume): the same results."""
     from ase.calculators.calculator import all_changes
@@ -456,10 +461,8 @@ def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure
     a list that outgrows the capacity goes the usual way (the capacity grows); another atom count too."""
     model = nequip_model()
     atoms0 = two_element_structures("Cu", "Ag")[structure]
-    plain = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                             cuda_graphs=False, neighbor_method="vesin")
-    calc = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                            neighbor_skin=0.0, neighbor_method="kernels")
+    plain = _cpu_calculator(model, cuda_graphs=False, neighbor_method="vesin")
+    calc = _cpu_calculator(model, neighbor_skin=0.0, neighbor_method="kernels")
     graphs = cpu_graphed(calc)
     rng = np.random.default_rng(3)
     for step in range(3):
@@ -508,10 +511,8 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
     with the list cannot be captured, one warning, and the usual graphs go on."""
     model = nequip_model()
     atoms0 = two_element_structures("Cu", "Ag")["cell"]
-    plain = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                             cuda_graphs=False, neighbor_method="vesin")
-    calc = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                            neighbor_skin=0.0, neighbor_method="kernels")
+    plain = _cpu_calculator(model, cuda_graphs=False, neighbor_method="vesin")
+    calc = _cpu_calculator(model, neighbor_skin=0.0, neighbor_method="kernels")
     graphs = cpu_graphed(calc)
     for scale in (1.0, 1.0, 1.01, 1.02, 1.0):  # larger cells: fewer edges, within the capacity
         atoms = atoms0.copy()
@@ -519,8 +520,7 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
         _calls_agree(calc, plain, atoms)
     assert calc.filled_lists == 4 and graphs.captures == 2
 
-    failing = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                               neighbor_skin=0.0, neighbor_method="kernels")
+    failing = _cpu_calculator(model, neighbor_skin=0.0, neighbor_method="kernels")
     graphs = cpu_graphed(failing)
     record = graphs._record
 
@@ -545,10 +545,8 @@ def test_lists_are_counted_once_with_or_without_graphs(emulated):
     the list built inside the graph counts as one build too."""
     model = nequip_model()
     atoms = two_element_structures("Cu", "Ag")["cell"]
-    plain = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                             cuda_graphs=False, neighbor_method="kernels")
-    graphed = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
-                                               neighbor_skin=0.0, neighbor_method="kernels")
+    plain = _cpu_calculator(model, cuda_graphs=False, neighbor_method="kernels")
+    graphed = _cpu_calculator(model, neighbor_skin=0.0, neighbor_method="kernels")
     cpu_graphed(graphed)
     for calc in (plain, graphed):
         for step in range(3):

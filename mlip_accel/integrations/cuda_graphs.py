@@ -273,15 +273,11 @@ class GraphCache:
             return None
         self._drop_stale()
         key = self._key(positions, cell, neighbors.num_edges, with_cell, stress)
-        entry = self._graphs.get(key)
+        entry, captured = self._cached(key, lambda: self._capture(positions, cell, types, neighbors, with_cell,
+                                                                  stress))
         if entry is None:
-            entry = self._capture(positions, cell, types, neighbors, with_cell, stress)
-            if entry is None:
-                return None
-            self._graphs[key] = entry
-            self._evict()
-        else:
-            self._graphs.move_to_end(key)
+            return None
+        if not captured:
             self._copy_inputs(entry, {"positions": positions, "cell": cell, "types": types,
                                       "receivers": neighbors.receivers, "senders": neighbors.senders,
                                       "unit_shifts": neighbors.unit_shifts},
@@ -302,15 +298,11 @@ class GraphCache:
         self._drop_stale()
         positions = listed.positions
         key = ("listed",) + self._key(positions, cell, num_edges, True, stress, cell.device)
-        entry = self._graphs.get(key)
+        entry, captured = self._cached(key, lambda: self._capture_listed(listed, cell, types, num_edges, stress,
+                                                                         shift))
         if entry is None:
-            entry = self._capture_listed(listed, cell, types, num_edges, stress, shift)
-            if entry is None:
-                return None
-            self._graphs[key] = entry
-            self._evict()
-        else:
-            self._graphs.move_to_end(key)
+            return None
+        if not captured:
             with torch.no_grad():
                 entry.inputs["positions"].copy_(positions, non_blocking=True)
             self._copy_inputs(entry, {"cell": cell, "types": types, "lattice": listed.lattice, "shift": shift},
@@ -318,6 +310,20 @@ class GraphCache:
         listed.staged_copied()
         # not remembered for replayer(): a Replay copies positions only, and nobody would read this graph's count
         return self._replay(key, entry, copy_outputs=False, remember=False)[_PACKED]
+
+    def _cached(self, key, capture) -> tuple:
+        """``(entry, captured)``: the graph of ``key``, made the most recently used, or captured by ``capture()``
+        at its first use (``captured`` True: its inputs are already in place); ``(None, False)`` where that
+        capture failed."""
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self._graphs.move_to_end(key)
+            return entry, False
+        entry = capture()
+        if entry is not None:
+            self._graphs[key] = entry
+            self._evict()
+        return entry, entry is not None
 
     def _drop_stale(self) -> None:
         """Every graph dropped if the model's parameters changed since the captures (new or edited tensors)."""
