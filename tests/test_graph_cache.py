@@ -519,6 +519,19 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
         atoms.set_cell(atoms.cell.array * scale, scale_atoms=True)
         _calls_agree(calc, plain, atoms)
     assert calc.filled_lists == 4 and graphs.captures == 2
+    # the same atoms as a slab, then back: another lattice, padding cell and edge count at this atom count
+    slab = atoms0.copy()
+    slab.pbc = [True, True, False]
+    for atoms in (slab, slab, atoms0):
+        _calls_agree(calc, plain, atoms)
+    assert calc.filled_lists == 7
+    # bad input still refused before anything is replayed: non-finite positions
+    bad = atoms0.copy()
+    bad.positions[3, 1] = np.nan
+    replays = graphs.replays
+    with pytest.raises(InputError, match="non-finite positions"):
+        calc.get_forces(bad)
+    assert graphs.replays == replays
 
     failing = _cpu_calculator(model, neighbor_skin=0.0, neighbor_method="kernels")
     graphs = cpu_graphed(failing)
