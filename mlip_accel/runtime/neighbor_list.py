@@ -2,8 +2,9 @@
 computes the lattice once per cell (numpy: the cell completed on open axes, its inverse, how far each axis' images
 reach) and keeps it on the device; each list then costs one copy of the positions, a handful of launches (wrap,
 sort by a spatial key, chunk boxes, count, cumulative sum, fill) and one synchronisation (the edge count, to size
-the outputs), or none where the list goes into given buffers of a fixed length (``fill_into``: a CUDA graph's
-edge inputs, padded after the count). Importing this imports no CuPy.
+the outputs), or none where the list goes into given buffers of a fixed length, padded after the count
+(``fill_into`` from host positions; ``fill_device`` from device positions, launches only, which a CUDA graph
+captures before the model: integrations.cuda_graphs.GraphCache.run_listed). Importing this imports no CuPy.
 
 How: per receiver, the periodic images its own position can reach (an 8000-atom cell 36 A wide with a 6 A cutoff:
 1.3 per axis on average instead of 3), and in each the 32-atom chunks (atoms in Morton order of their position)
