@@ -5,6 +5,7 @@ launched them (count), for one framework and structure. What is left to fuse onc
 
     py_mace   scripts/profile_step_kernels.py --framework mace   --cells 3 --out $OUT
     py_nequip scripts/profile_step_kernels.py --framework nequip --cells 3 --out $OUT
+    py_mace   scripts/profile_step_kernels.py --framework mace --cells 5 --stacks elementwise_kernel --out $OUT
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", type=int, default=3)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--stacks", metavar="TEXT",
+                        help="also list the Python call sites of the torch operations whose kernels' names hold TEXT")
     args = parser.parse_args(argv)
     device = torch.device("cuda")
     base = {"mace": bench_md.build_mace, "nequip": bench_md.build_nequip}[args.framework](dtype_of(args.dtype))
@@ -49,7 +52,7 @@ def main(argv=None) -> None:
     for _ in range(3):
         evaluate(pos_t, cell_t, pbc, types, neighbors)
     synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=bool(args.stacks)) as prof:
         evaluate(pos_t, cell_t, pbc, types, neighbors)["forces"]
         synchronize(device)
     kernels = collections.defaultdict(lambda: [0, 0.0])
@@ -66,11 +69,41 @@ def main(argv=None) -> None:
         lines.append(f"| `{name}` | {count} | {us:.0f} |")
     lines += ["", "## torch operations by count (those with a CUDA kernel)", "", "```",
               prof.key_averages().table(sort_by="count", row_limit=45, max_name_column_width=60), "```"]
+    if args.stacks:
+        lines += ["", f"## call sites of the operations launching kernels named *{args.stacks}*", "",
+                  "| count | GPU us | operation | call site (innermost frames of mlip_accel, mace, e3nn, nequip; else the "
+                  "enclosing operations) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {c} | {us:.0f} | {op} | {site} |" for (op, site), (c, us) in _call_sites(prof, args.stacks)]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"profile_step_kernels_{args.framework}_{args.cells}c.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines[:70]))
+
+
+def _call_sites(prof, text: str, frames: int = 3) -> list:
+    """((operation, call site), (kernels, GPU us)) of the operations that launched kernels whose names hold
+    ``text``, most kernels first; the call site: the innermost ``frames`` frames in the model's libraries."""
+    sites = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            continue
+        kernels = [k for k in getattr(e, "kernels", []) if text in k.name]
+        if not kernels:
+            continue
+        op, stack, parents = e, [], []
+        while op is not None and not stack:  # the nearest enclosing operation with a Python stack
+            stack = [f for f in (op.stack or []) if any(lib in f for lib in ("mlip_accel", "mace", "e3nn", "nequip"))]
+            op = op.cpu_parent
+            if op is not None and len(parents) < frames:
+                parents.append(op.name.replace("autograd::engine::evaluate_function: ", ""))
+        # (the backward runs in autograd's thread, without a Python stack: its enclosing operations say where)
+        site = " < ".join(f.split("/")[-1] for f in stack[:frames]) or " < ".join(parents) or "(top level)"
+        entry = sites[(e.name, site)]
+        entry[0] += len(kernels)
+        entry[1] += sum(k.duration for k in kernels)
+    return sorted(sites.items(), key=lambda kv: -kv[1][0])[:40]
 
 
 if __name__ == "__main__":
