@@ -293,7 +293,7 @@ class GraphCache:
         count as its extra), the graph's own (overwritten by its next replay); the caller checks the count: above
         ``num_edges`` the results are void (the edges beyond the capacity were not written). None where graphs are
         off or the capture failed: nothing ran."""
-        if self.disabled is not None or self.listed_disabled is not None or num_edges > self.max_graph_edges:
+        if not self.takes_listed(num_edges):
             return None
         self._drop_stale()
         positions = listed.positions
@@ -310,6 +310,10 @@ class GraphCache:
         listed.staged_copied()
         # not remembered for replayer(): a Replay copies positions only, and nobody would read this graph's count
         return self._replay(key, entry, copy_outputs=False, remember=False)[_PACKED]
+
+    def takes_listed(self, num_edges: int) -> bool:
+        """Whether a graph with the neighbour list in it may run for an edge capacity of ``num_edges``."""
+        return self.disabled is None and self.listed_disabled is None and num_edges <= self.max_graph_edges
 
     def _cached(self, key, capture) -> tuple:
         """``(entry, captured)``: the graph of ``key``, made the most recently used, or captured by ``capture()``
@@ -593,10 +597,8 @@ class StepEvaluator:
     def listed_ready(self, atoms: int) -> bool:
         """Whether :meth:`run_listed` can run for ``atoms`` atoms (graphs on, a capacity known for this atom count
         and within the graph limit): asked before a list is staged for it."""
-        graphs = self.graphs
         capacity = self.capacity.of(group=atoms)
-        return (graphs is not None and self.pad_edges and graphs.disabled is None and graphs.listed_disabled is None
-                and 0 < capacity <= graphs.max_graph_edges)
+        return self.graphs is not None and self.pad_edges and capacity > 0 and self.graphs.takes_listed(capacity)
 
     def run_listed(self, listed: GraphList, cell: torch.Tensor, pbc, types: torch.Tensor,
                    stress: bool = False) -> torch.Tensor | None:
@@ -610,13 +612,11 @@ class StepEvaluator:
         void (the edges beyond the capacity were not written) and the call must go the usual way, which grows the
         capacity."""
         self._replayed = False  # (a Replay of this graph would copy the positions only: replayer() gives none)
-        if self.graphs is None or not self.pad_edges:
+        atoms = listed.positions.shape[0]
+        if not self.listed_ready(atoms):
             return None
-        pbc = _three_flags(pbc)
-        capacity = self.capacity.of(group=listed.positions.shape[0])
-        if not capacity:
-            return None
-        model_cell, shift = self._padding(cell, pbc)
+        capacity = self.capacity.of(group=atoms)
+        model_cell, shift = self._padding(cell, _three_flags(pbc))
         done = self.graphs.run_listed(listed, model_cell, types, capacity, stress, shift)
         if done is not None:
             self.edge_capacity = capacity

@@ -90,8 +90,7 @@ class KernelNeighborList:
         self._lattice = None  # (key, host values, device tensor, images bound)
         self._staging = torch.empty(0, dtype=torch.float64)  # pinned on CUDA; grown as needed
         self._identity = torch.empty(0, dtype=torch.int64)  # the order of small systems: arange(atoms)
-        self._copied = None  # CUDA: the event after the last copy out of the staging buffer, until waited for
-        self._copy_event = None  # that event (one, recorded again at each copy)
+        self._copied = None  # CUDA: the event recorded after each copy out of the staging buffer (one event)
 
     def lattice(self, cell: np.ndarray, pbc: np.ndarray, cutoff: float) -> np.ndarray:
         """The lattice's values (computed and sent to the device when the cell, pbc or cutoff change)."""
@@ -151,10 +150,9 @@ class KernelNeighborList:
     def staged_copied(self) -> None:
         """The copy out of the staging buffer is queued: the next :meth:`stage` waits for it before writing."""
         if self.device.type == "cuda":
-            if self._copy_event is None:
-                self._copy_event = torch.cuda.Event()
-            self._copy_event.record(torch.cuda.current_stream(self.device))
-            self._copied = self._copy_event
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(self.device))
 
     def fill_device(self, positions: torch.Tensor, lattice: torch.Tensor, receivers: torch.Tensor,
                     senders: torch.Tensor, unit_shifts: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
@@ -222,7 +220,6 @@ class KernelNeighborList:
         was filled with no synchronisation since and its copy still waits behind queued work)."""
         if self._copied is not None:
             self._copied.synchronize()
-            self._copied = None
         size = 3 * len(positions)
         if self._staging.numel() < size:
             self._staging = torch.empty(max(size, 2 * self._staging.numel()), dtype=torch.float64,
