@@ -1,5 +1,5 @@
 """CI compile check (CPU only): every kernel family x dtype x problem of problems.json compiles with NVRTC
-for sm_80 and sm_90, the fused double backward's walks with every incoming gradient given and, on one problem,
+for sm_80 and sm_90 (the convolution's forward and backward walks also reading a radial table), the fused double backward's walks with every incoming gradient given and, on one problem,
 with each subset of them, and there every family generated with chunk loops. NVRTC runs without a GPU; the disk
 cache is bypassed (each case really compiles)."""
 from __future__ import annotations
@@ -21,6 +21,8 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC bindin
 FAMILIES = [("forward", "tp"), ("backward", "tp"), ("forward", "det"), ("backward", "det"),
             ("forward", "atomic"), ("backward", "atomic"), ("double_forward", "det"), ("double_backward", "det"),
             ("double_forward", "atomic"), ("double_backward", "atomic")]
+# the walks that read their weights from a radial table (KernelSpec.tabulated)
+TABULATED = [("forward", "det"), ("backward", "det"), ("forward", "atomic"), ("backward", "atomic")]
 # the double walks' subsets of given incoming gradients (ggx, ggy, ggw), compiled on one problem
 GIVEN = [g for g in itertools.product((True, False), repeat=3) if any(g) and not all(g)]
 GIVEN_PROBLEM = "mace-medium"
@@ -53,6 +55,12 @@ def compiled():
                 for program in gm.sequence.programs[1:]:  # the steps around the walk: gathers, ordered sums
                     for arch in ARCHS:
                         jobs[("steps", program.name, arch)] = (program.source, arch, program.name)
+            for direction, variant in TABULATED:
+                if problem.weight_numel:
+                    gm = module_for(problem, dtype, direction, variant, tabulated=True)
+                    for arch in ARCHS:
+                        jobs[(spec["name"], dtype, f"{direction}-{variant}-tab", arch)] = (gm.source, arch,
+                                                                                         gm.walk_kernel)
             if spec["name"] != GIVEN_PROBLEM:
                 continue
             for direction, variant in FAMILIES:
@@ -86,6 +94,19 @@ def test_problems_json_is_found():
 @pytest.mark.parametrize("name", NAMES)
 def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
     size, error = compiled[(name, dtype, family, arch)]
+    assert error is None, error
+    assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("family", [f"{d}-{v}" for d, v in TABULATED])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", NAMES)
+def test_tabulated_walks_compile_with_nvrtc(compiled, name, dtype, family, arch):
+    key = (name, dtype, f"{family}-tab", arch)
+    if key not in compiled:
+        pytest.skip(f"{name} has no per-edge weights: nothing to tabulate")
+    size, error = compiled[key]
     assert error is None, error
     assert size > 0
 

@@ -55,7 +55,8 @@ def radial_table_program(outputs: int, dtype: str) -> Program:
     slope = _per_component(width, lambda k: f"g{k} * (c1{k} + t * (T(2) * c2{k} + T(3) * t * c3{k}))")
     splat = _per_component(width, lambda k: f"  w{k} = v;")
     source = template("radial_table.cu").substitute(
-        dtype=dtype, outputs=outputs, prelude=template("prelude.cuh").substitute(scalar=t), width=width,
+        dtype=dtype, outputs=outputs, prelude=template("prelude.cuh").substitute(scalar=t),
+        table_interval=template("table_interval.cuh").substitute(), width=width,
         vector=vector, access=width * (4 if dtype == "float32" else 8), horner="\n".join(horner),
         slope_dot=" + ".join(slope), splat="\n".join(splat),
         block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,

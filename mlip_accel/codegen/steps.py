@@ -136,6 +136,8 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
     programs = {walk.name: walk}
     scalars = (Scalar("num_edges"), Scalar("nodes"), Scalar("edges_per_warp", edges_per_warp, tunable=True),
                Scalar("warps", ("cdiv", "num_edges", "edges_per_warp")))
+    if any(a.name == "intervals" for a in walk_plan.arguments):  # a tabulated walk: the table's, given
+        scalars += (Scalar("intervals"),)
     scalar_names = {s.name for s in scalars}
     tensors, buffers, before, after, bind = [], [], [], [], {}
     for a in walk_plan.arguments:

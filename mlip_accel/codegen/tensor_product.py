@@ -64,6 +64,10 @@ class KernelSpec:
     # the 32-channel chunks of each irrep as a runtime loop over blocks (blockIdx.y) instead of unrolled code:
     # a phase's code is generated once for all its chunks (a tuning flag for the cold compile; schedule.py)
     chunk_loops: bool = False
+    # the convolution's weights read from a radial table by edge length (ops.radial_table) instead of W: the
+    # walk locates each edge's interval and evaluates the cubic of each weight it uses; the backward turns
+    # grad W into the lengths' gradient (need[2] then means the lengths). Forward and backward only.
+    tabulated: bool = False
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -74,6 +78,8 @@ class KernelSpec:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.double and self.variant == "tp":
             raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
+        if self.tabulated and (self.double or self.variant == "tp" or self.problem.weight_numel == 0):
+            raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
         need = tuple(bool(n) for n in self.need)
         if self.direction == "forward":
             need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal
@@ -112,7 +118,8 @@ class KernelSpec:
         flags = "" if self.direction == "forward" else "_" + "".join(
             c for c, n in zip("xyw", self.need) if n)
         kind = "tp" if self.variant == "tp" else f"conv_{self.variant}"
-        return f"mla_{kind}_{_SHORT[self.direction]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
+        tab = "_tab" if self.tabulated else ""
+        return f"mla_{kind}{tab}_{_SHORT[self.direction]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,7 +388,31 @@ class _PhaseEmitter:
         L("const T* ye = y + e * D_IN2;")
         for j in _used_y(self.p, [path for path, _ in self.work]):
             L(f"const T y{j} = ld_keep(ye + {j});")
-        L("const T* we = w + e * W_NUMEL;")
+        if not self.spec.tabulated:
+            L("const T* we = w + e * W_NUMEL;")
+            return
+        L("// the edge's interval of the table (once per edge); a NaN length makes every weight NaN")
+        L("const T r = ld_keep(lengths + e);")
+        L("const T rm = ld_keep(r_max);")
+        L("T tt;")
+        L("const T* ce = coeffs + table_interval(r, rm, intervals, tt) * (4LL * W_NUMEL);")
+        L("if (r != r) tt = r;")
+
+    def weight(self, L: _Lines, path, v: int, u: str, ok: str | None) -> None:
+        """``wv``: the lane's weight w[u, v] of the path (from W, or from the table: then also its cubic ``q``)."""
+        if not (self.spec.tabulated and path.has_weight):
+            L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+            return
+        load = f"tab_cubic(ce, {_weight_index(self.p, path, v, u)})"
+        L(f"const Cubic q = {load if ok is None else f'{ok} ? {load} : no_cubic()'};")
+        L("const T wv = cubic_at(q, tt);")
+
+    def gr_base(self) -> str:
+        """Where this block's partial of the lengths' gradient goes (as gy_base)."""
+        if not self.multi_phase:
+            return "gr_out[e]"
+        block = "(long long)blockIdx.y" if self.spec.chunk_loops else f"{self.index}LL"
+        return f"gr_out[{block} * num_edges + e]"
 
     def x_operands(self, L: _Lines, path, u: str, ok: str | None, row: str, name: str = "x"):
         mul1, l1, _ = self.p.irreps_in1[path.i_in1]
@@ -413,7 +444,7 @@ class _PhaseEmitter:
                             n, seg = self.segment(path.i_out, c)
                             with L.block(comment=self.channels(seg)):
                                 u, ok = self.lane_setup(L, seg)
-                                L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+                                self.weight(L, path, v, u, ok)
                                 self.x_operands(L, path, u, ok, "xr")
                                 for k in range(2 * l3 + 1):
                                     t = nonzeros.x_times_a(path, lambda i: f"x{i}", k)
@@ -425,8 +456,10 @@ class _PhaseEmitter:
         self.load_y(L)
         L("const T* xr = x + key * D_IN1;")
         L("const T* gr = gz + other * D_OUT;")
+        tab = self.spec.tabulated
         if need_w:
-            L("T* gwe = gw_out + e * W_NUMEL;")
+            L("T gr_sum = T(0);  // sum over this lane's weights of grad w dw/dt" if tab else
+              "T* gwe = gw_out + e * W_NUMEL;")
         if need_y:
             L(f"T {', '.join(f'gy{j} = T(0)' for j in range(self.p.dim_in2))};")
         for path, chunks in self.work:
@@ -445,15 +478,19 @@ class _PhaseEmitter:
                             n, seg = self.segment(path.i_in1, c)
                             with L.block(comment=self.channels(seg)):
                                 u, ok = self.lane_setup(L, seg)
-                                L(f"const T wv = {_weight_expr(self.p, path, v, u, ok)};")
+                                self.weight(L, path, v, u, ok)
                                 if need_y or (need_w and path.has_weight):
                                     self.x_operands(L, path, u, ok, "xr")
                                 self.g_operands(L, path, u, ok)
                                 if need_w and path.has_weight:
                                     t = [nonzeros.x_times_a(path, lambda i: f"x{i}", k) for k in range(2 * l3 + 1)]
                                     gw = " + ".join(f"g{k} * ({tk})" for k, tk in enumerate(t) if tk != "T(0)")
-                                    store = f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, {gw or 'T(0)'});"
-                                    L(store if ok is None else f"if ({ok}) {store}")
+                                    if tab:  # grad w never stored: its part of the lengths' gradient
+                                        add = f"gr_sum += ({gw or 'T(0)'}) * cubic_slope(q, tt);"
+                                        L(add if ok is None else f"if ({ok}) {add}")
+                                    else:
+                                        store = f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, {gw or 'T(0)'});"
+                                        L(store if ok is None else f"if ({ok}) {store}")
                                 if need_x:
                                     for i in range(2 * l1 + 1):
                                         s = nonzeros.a_times_g(path, lambda k: f"g{k}", i)
@@ -469,6 +506,10 @@ class _PhaseEmitter:
                                 L(line)
         if need_y:
             _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
+        if need_w and tab:
+            L("// the lengths' gradient: a warp sum (fixed order), d/dt -> d/dr; zero beyond r_max (constant there)")
+            L("for (int m = 16; m > 0; m >>= 1) gr_sum += __shfl_xor_sync(FULL_MASK, gr_sum, m);")
+            L(f"if (lane == 0) {self.gr_base()} = r <= rm ? gr_sum * (T(intervals) / rm) : T(0);")
 
     # --- the double backward's two walks (module docstring): every term of one edge from one load of its rows
     def terms(self, path) -> "_Terms":
@@ -653,6 +694,21 @@ class _PhaseEmitter:
         )
 
 
+_CUBIC_LOADS = {  # one weight's four coefficients: one 16-byte access in fp32, two in fp64
+    "float32": ("  const float4 v = __ldg(reinterpret_cast<const float4*>(row + 4LL * j));\n"
+                "  Cubic q; q.c0 = v.x; q.c1 = v.y; q.c2 = v.z; q.c3 = v.w;\n  return q;"),
+    "float64": ("  const double2 a = __ldg(reinterpret_cast<const double2*>(row + 4LL * j));\n"
+                "  const double2 b = __ldg(reinterpret_cast<const double2*>(row + 4LL * j + 2));\n"
+                "  Cubic q; q.c0 = a.x; q.c1 = a.y; q.c2 = b.x; q.c3 = b.y;\n  return q;"),
+}
+
+
+def tabulated_weights_source(dtype: str) -> str:
+    """The device helpers of a tabulated walk (templates/tabulated_weights.cuh over table_interval.cuh)."""
+    return _template("tabulated_weights.cuh").substitute(
+        table_interval=_template("table_interval.cuh").substitute(), load=_CUBIC_LOADS[dtype])
+
+
 def _path_str(p: TPProblem, path) -> str:
     return (f"{irreps_str([p.irreps_in1[path.i_in1]])} x {irreps_str([p.irreps_in2[path.i_in2]])}"
             f" -> {irreps_str([p.irreps_out[path.i_out]])} ({path.mode}, {len(path.cg)} CG nonzeros,"
@@ -712,10 +768,23 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
             return (arg,)
         return arg, Argument("gg" + name, f"const {t}*", "input", shape, optional=not given)
     ggx, ggy, ggw = spec.need if spec.double else (False, False, False)
+    if spec.tabulated:  # the weights from a radial table by edge length (KernelSpec.tabulated)
+        weights = (Argument("coeffs", f"const {t}*", "input",
+                            "[intervals, W_NUMEL, 4], Horner coefficients in t, 16-byte aligned"),
+                   Argument("r_max", f"const {t}*", "input", "[1]"),
+                   Argument("lengths", f"const {t}*", "input", "[num_edges]"))
+    else:
+        weights = operand("w", "[num_edges, W_NUMEL] e3nn's weight layout", ggw)
+    if not spec.tabulated:
+        grad_weights = Argument("gw_out", f"{t}*", "output", "[num_edges, W_NUMEL]", optional=not need_w)
+    elif num_phases <= 1 or not need_w:
+        grad_weights = Argument("gr_out", f"{t}*", "output", "[num_edges]", optional=not need_w)
+    else:  # one partial of the lengths' gradient per phase (or phase and chunk), summed in that order
+        grad_weights = Argument("gr_out", f"{t}*", "scratch", f"[{num_phases}, num_edges], one partial per phase")
     args = (
         *operand("x", f"[{rows}, D_IN1] {layout}", ggx),
         *operand("y", "[num_edges, D_IN2] mul_ir", ggy),
-        *operand("w", "[num_edges, W_NUMEL] e3nn's weight layout", ggw),
+        *weights,
         Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {layout}", optional=by_receiver),
         Argument("order", "const long long*", "input", "[num_edges] edge permutation (CSR by key)",
                  optional=not ordered),
@@ -728,9 +797,10 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         Argument("gy_out", f"{t}*", "output", "[num_edges, D_IN2] mul_ir", optional=not need_y)
         if gy_partials <= 1 else  # one partial per phase, summed in phase order by the launch sequence
         Argument("gy_out", f"{t}*", "scratch", f"[{gy_partials}, num_edges, D_IN2] mul_ir, one partial per phase"),
-        Argument("gw_out", f"{t}*", "output", "[num_edges, W_NUMEL]", optional=not need_w),
+        grad_weights,
         Argument("num_edges", "long long", "scalar"),
         Argument("edges_per_warp", "int", "scalar"),
+        *((Argument("intervals", "long long", "scalar"),) if spec.tabulated else ()),
     )
     grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=WARP, block_threads=BLOCK_THREADS,
                     grid_y=num_phases)
@@ -769,13 +839,17 @@ def generate(spec: KernelSpec) -> GeneratedModule:
     walk = walk_plan(spec, blocks, gy_partials)
     phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
+    if spec.tabulated:
+        prelude += "\n" + tabulated_weights_source(spec.dtype)
     acc_width = p.dim_out if spec.side == "out" else p.dim_in1
     flush_mode = spec.variant if spec.accumulates else "none (no accumulated rows)"
     named = lambda prefix, flags: ", ".join(prefix + n for n, f in zip("xyw", flags) if f)  # noqa: E731
     title = (f"{'batched tensor product' if spec.variant == 'tp' else spec.variant + ' fused convolution'} "
              f"{spec.direction.replace('_', ' ')}, {spec.dtype}"
              + ("" if spec.direction == "forward" else
-                f", given {named('gg', spec.need)}" if spec.double else f", grads of {named('', spec.need)}"))
+                f", given {named('gg', spec.need)}" if spec.double else f", grads of {named('', spec.need)}")
+             + (", weights from a radial table by edge length (grad w: the lengths' gradient)"
+                if spec.tabulated else ""))
     source = _template("walk.cu").substitute(
         title=title, problem=p.describe(),
         schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",

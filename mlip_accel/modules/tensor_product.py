@@ -210,12 +210,58 @@ class TensorProductConv(_TPBase):
     def forward(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, edge_dst: torch.Tensor,
                 edge_src: torch.Tensor, graph: EdgeGraph | None = None) -> torch.Tensor:
         w = self._weight(weight, y)
+        g = self._edge_orders(x, y, w, edge_dst, edge_src, graph)
+        backend = backends.resolve(self.backend, x.device, self.problem)
+        return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
+                                                 self.problem_key, backend)
+
+    def forward_tabulated(self, x: torch.Tensor, y: torch.Tensor, table, lengths: torch.Tensor, exact,
+                          params, edge_dst: torch.Tensor, edge_src: torch.Tensor,
+                          graph: EdgeGraph | None = None) -> torch.Tensor:
+        """``self(x, y, W, edge_dst, edge_src, graph)`` with ``W = table_lookup(table, lengths, exact, params)``
+        (ops.radial_table: a radial network tabulated by edge length; ``exact(lengths)`` the network itself,
+        reading ``params``), where the CUDA kernels run read inside the walks: W and grad W are never stored
+        (ops.tabulated_conv). Elsewhere (CPU, torch.compile, a problem the kernels do not implement) the lookup
+        and the convolution run one after the other."""
+        from ..ops.radial_table import table_lookup
+        from ..ops.tabulated_conv import TabulatedCall, packed_coefficients, tabulated_conv
+
+        def unfused(x, y, lengths):
+            return self(x, y, table_lookup(table, lengths, exact, params, self.backend), edge_dst, edge_src,
+                        graph=graph)
+
+        if (torch.compiler.is_compiling() or not isinstance(lengths, torch.Tensor) or x.device.type != "cuda"
+                or self.weight_numel == 0 or not backends.plain_tensors(x, y, lengths)
+                or backends.resolve(self.backend, x.device, self.problem) != "cuda"):
+            return unfused(x, y, lengths)
+        perm, tperm = self._edge_orders(x, y, None, edge_dst, edge_src, graph)
+        if lengths.dim() != 1 or lengths.shape[0] != y.shape[0]:
+            raise ValueError(f"lengths must have shape (num_edges={y.shape[0]},), got {tuple(lengths.shape)}")
+        check_like_x("lengths", lengths, x.dtype, x.device)
+        if table.coeffs.dtype != x.dtype or table.coeffs.device != x.device or table.outputs != self.weight_numel:
+            raise ValueError(f"the table ({table.outputs} outputs, {table.coeffs.dtype} on {table.coeffs.device}) "
+                             f"does not give this convolution's {self.weight_numel} weights in {x.dtype} on "
+                             f"{x.device}")
+        packed_coefficients(table)  # made here, not inside a CUDA-graph capture's first backward
+        call = TabulatedCall(self.problem, table, edge_dst.long(), edge_src.long(), perm, tperm, unfused)
+        return tabulated_conv(call, x, y, lengths.contiguous(), tuple(params))
+
+    def _edge_orders(self, x, y, w, edge_dst, edge_src, graph):
+        """The inputs checked (``w`` None: a tabulated call, no W) and the edge orders the walks follow
+        (``(perm, transpose_perm)``, both None when the sum is atomic)."""
         num_nodes = x.shape[0]
         if not torch.compiler.is_compiling():
             for name, index in (("edge_dst", edge_dst), ("edge_src", edge_src)):
                 if not isinstance(index, torch.Tensor):
                     raise TypeError(f"{name} must be a torch.Tensor, got {type(index).__name__}")
-            self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges", x_rows_name="num_nodes")
+            if w is None:
+                check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}",
+                             rows_name="num_nodes")
+                check_tensor("y", y, dim=self.problem.dim_in2,
+                             width=f"irreps_in2={irreps_str(self.problem.irreps_in2)}", dtype=x.dtype,
+                             device=x.device, rows=edge_dst.shape[0], rows_name="num_edges")
+            else:
+                self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges", x_rows_name="num_nodes")
             if not self.deterministic:
                 check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device)
             elif graph is None:
@@ -228,7 +274,4 @@ class TensorProductConv(_TPBase):
                 graph = check_edge_indices(edge_dst, edge_src, num_nodes, device=x.device, graph=graph)
         if self.deterministic and graph is None:
             graph = sort_edges(edge_dst, edge_src, num_nodes)
-        g = edge_orders(graph if self.deterministic else None)
-        backend = backends.resolve(self.backend, x.device, self.problem)
-        return torch.ops.mlip_accel.conv_forward(x, y, w, edge_dst.long(), edge_src.long(), *g,
-                                                 self.problem_key, backend)
+        return edge_orders(graph if self.deterministic else None)

@@ -118,5 +118,10 @@ def conv_on_shared_graph(conv, edge_sort, x, edge_attr, edge_weight, edge_dst, e
     """Call a :class:`~mlip_accel.TensorProductConv` the way every adapter's fused layer does: with the edge
     graph all layers of one model share (``edge_sort``, an :class:`~mlip_accel.graph.EdgeSortCache`, sorts the
     edges once per forward pass) when the sum is deterministic, with none (atomic accumulation) otherwise."""
-    graph = edge_sort.graph(edge_dst, edge_src, x.shape[0]) if conv.deterministic else None
-    return conv(x, edge_attr, edge_weight, edge_dst, edge_src, graph=graph)
+    return conv(x, edge_attr, edge_weight, edge_dst, edge_src, graph=shared_graph(conv, edge_sort, x, edge_dst,
+                                                                               edge_src))
+
+
+def shared_graph(conv, edge_sort, x, edge_dst, edge_src):
+    """The shared edge graph ``conv`` walks (None when its sum is atomic)."""
+    return edge_sort.graph(edge_dst, edge_src, x.shape[0]) if conv.deterministic else None

@@ -23,7 +23,7 @@ from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .sequence import once_per_tensor, prepare, run
 from .tuning import accumulator_budget, budget_for, chunk_loops, edges_per_warp, scalar_overrides  # noqa: F401  (public test overrides)
-from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_tp
+from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_table, check_tp
 
 
 def _device_guard(device: torch.device):
@@ -34,11 +34,12 @@ def _zeros_like_need(x, y, w, need):
     return tuple(torch.zeros_like(t) if n else None for t, n in zip((x, y, w), need))
 
 
-def _run(gm, tensors: dict, num_edges: int, nodes: int) -> dict:
+def _run(gm, tensors: dict, num_edges: int, nodes: int, **scalars) -> dict:
     """Run ``gm``'s launch sequence on the caller's tensors (e3nn's layouts; those this variant does not read,
-    as the edge order of a backward without grad x, are left out); its outputs by name."""
+    as the edge order of a backward without grad x, are left out); its outputs by name. ``scalars``: any the
+    sequence takes besides the edge and node counts (a tabulated walk's intervals)."""
     seq = gm.sequence
-    return run(seq, {t.name: tensors[t.name] for t in seq.inputs}, {"num_edges": num_edges, "nodes": nodes},
+    return run(seq, {t.name: tensors[t.name] for t in seq.inputs}, {"num_edges": num_edges, "nodes": nodes, **scalars},
                tensors["x"].device, scalar_overrides())
 
 
@@ -98,6 +99,51 @@ def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, trans
         outs = _run(gm, {"x": x, "y": y, "w": w, "gz": grad_z, "order": transpose_perm, "keys": edge_src,
                          "others": edge_dst}, num_edges, num_nodes)
     return _grads(outs, need)
+
+
+def conv_forward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, edge_dst, edge_src,
+                           perm=None) -> torch.Tensor:
+    """:func:`conv_forward` with the weights read from a radial table by edge length inside the walk (never
+    stored): ``W[e] = cubic of coeffs[interval of lengths[e]]`` (reference/radial_table.py's lookup, the table
+    repacked ``[intervals, weight_numel, 4]``; ``r_max`` a one-element tensor)."""
+    check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, edge_dst=edge_dst, edge_src=edge_src,
+                     perm=perm)
+    check_conv(problem, x, y, None, edge_dst, edge_src, ("perm", perm))
+    check_table(problem, coeffs, r_max, lengths, x)
+    num_nodes, num_edges = x.shape[0], y.shape[0]
+    if lengths.shape[0] != num_edges:
+        raise ValueError(f"lengths has {lengths.shape[0]} entries for {num_edges} edges")
+    if num_edges == 0:
+        return x.new_zeros(num_nodes, problem.dim_out)
+    with _device_guard(x.device):
+        variant = "atomic" if perm is None else "det"
+        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, tabulated=True)
+        return _run(gm, {"x": x, "y": y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths, "order": perm,
+                         "keys": edge_dst, "others": edge_src}, num_edges, num_nodes,
+                    intervals=coeffs.shape[0])["acc_out"]
+
+
+def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, grad_z, edge_dst, edge_src,
+                            transpose_perm=None, need=(True, True, True)):
+    """:func:`conv_backward` of :func:`conv_forward_tabulated`: (grad x, grad y, grad lengths), each None where
+    ``need`` does not ask for it; grad W is never stored (each lane turns its part into the lengths' gradient)."""
+    need = tuple(bool(n) for n in need)
+    check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, grad_z=grad_z, edge_dst=edge_dst,
+                     edge_src=edge_src, transpose_perm=transpose_perm)
+    check_conv(problem, x, y, None, edge_dst, edge_src, ("transpose_perm", transpose_perm), grad_z)
+    check_table(problem, coeffs, r_max, lengths, x)
+    num_nodes, num_edges = x.shape[0], y.shape[0]
+    if lengths.shape[0] != num_edges:
+        raise ValueError(f"lengths has {lengths.shape[0]} entries for {num_edges} edges")
+    if num_edges == 0 or not any(need):
+        return _zeros_like_need(x, y, lengths, need)
+    with _device_guard(x.device):
+        variant = "atomic" if transpose_perm is None else "det"
+        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, tabulated=True)
+        outs = _run(gm, {"x": x, "y": y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths, "gz": grad_z,
+                         "order": transpose_perm, "keys": edge_src, "others": edge_dst}, num_edges, num_nodes,
+                    intervals=coeffs.shape[0])
+    return tuple(outs[name] if n else None for name, n in zip(("acc_out", "gy_out", "gr_out"), need))
 
 
 def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm=None,

@@ -1,5 +1,5 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
-budget, chunk loops) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+budget, chunk loops, tabulated) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
@@ -19,12 +19,13 @@ def problem_key(problem: TPProblem) -> str:
 
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
-               need=(True, True, True)) -> GeneratedModule:
+               need=(True, True, True), tabulated: bool = False) -> GeneratedModule:
     loops = chunk_loops_enabled(problem, direction, dtype, variant)  # a dict lookup and a min over a few irreps
     budget = budget_for(direction, dtype, problem, loops)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops)
+           loops, tabulated)
     gm = _MODULES.get(key)
     if gm is None:
-        gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops))
+        gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
+                                                 tabulated))
     return gm

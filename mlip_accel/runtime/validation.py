@@ -65,11 +65,13 @@ def check_tp(problem: TPProblem, x, y, w, grad_z=None) -> None:
 
 
 def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, order: tuple[str, object], grad_z=None) -> None:
-    """``order``: (name, the edge order the deterministic walk follows, or None for the atomic one)."""
+    """``order``: (name, the edge order the deterministic walk follows, or None for the atomic one); ``w`` None:
+    a tabulated walk (its table is checked by :func:`check_table`)."""
     _check_float("x", x, None, problem.dim_in1)
     _check_float("y", y, None, problem.dim_in2, x)
     num_edges = y.shape[0]
-    _check_float("w", w, num_edges, problem.weight_numel, x)
+    if w is not None:
+        _check_float("w", w, num_edges, problem.weight_numel, x)
     if grad_z is not None:
         _check_float("grad_z", grad_z, x.shape[0], problem.dim_out, x)
     _check_index("edge_dst", edge_dst, num_edges, x)
@@ -110,3 +112,23 @@ def check_symcon(x, elements, **floats) -> None:
             raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all inputs must be on one device")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
+
+
+def check_table(problem: TPProblem, coeffs, r_max, lengths, like: torch.Tensor) -> None:
+    """A tabulated walk's weights: ``coeffs`` [intervals, weight_numel, 4] (contiguous, 16-byte aligned: the
+    walks read a weight's four coefficients as one access), ``r_max`` [1] and ``lengths`` [num_edges], in x's dtype
+    on x's device."""
+    num_edges = lengths.shape[0] if isinstance(lengths, torch.Tensor) and lengths.dim() == 1 else None
+    for name, t, shape in (("coeffs", coeffs, ("intervals", problem.weight_numel, 4)), ("r_max", r_max, (1,)),
+                           ("lengths", lengths, (num_edges,))):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != like.dtype or t.device != like.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}, x is {like.dtype} on {like.device}")
+        if t.dim() != len(shape) or any(isinstance(n, int) and n != m for n, m in zip(shape, t.shape)) \
+                or (name == "coeffs" and t.shape[0] == 0):
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if coeffs.data_ptr() % 16:
+        raise ValueError("coeffs must start at a 16-byte aligned address (one access per weight's coefficients)")

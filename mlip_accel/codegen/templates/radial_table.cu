@@ -8,6 +8,7 @@
 //   backward: grad_lengths[e] = sum_j grad_out[e, j] (c1 + t (2 c2 + 3 t c3)) / h  (zero beyond r_max)
 // Launch contract (runtime/radial_table.py): coeffs, out and grad_out start at ${access}-byte aligned addresses.
 ${prelude}
+${table_interval}
 #define NOUT ${outputs}
 #define VW ${width}  // outputs per access
 typedef ${vector} V;  // VW values of T
@@ -43,13 +44,7 @@ static __device__ __forceinline__ bool warp_edge(const long long* order, const T
   if (s >= num_edges) return false;
   e = order[s];
   r = lengths[e];
-  const T rm = *r_max;
-  const T rc = r != r ? T(0) : (r < T(0) ? T(0) : (r > rm ? rm : r));
-  const T x = rc * (T(intervals) / rm);
-  long long i = (long long)x;
-  if (i > intervals - 1) i = intervals - 1;
-  t = x - T(i);
-  c = coeffs + i * 4 * NOUT;
+  c = coeffs + table_interval(r, *r_max, intervals, t) * 4 * NOUT;
   return true;
 }
 

@@ -17,7 +17,9 @@ values unchanged. Scriptable (a ``Sequential`` of small layers), like the module
 
 In inference the folded MLP may instead read a table by edge length (``radial_table``; ops.radial_table): the
 swapped radial embedding (radial_embedding.py) attaches the lengths to the features it returns
-(:data:`LENGTHS_ATTRIBUTE`), since MACE hands the blocks only the features.
+(:data:`LENGTHS_ATTRIBUTE`), since MACE hands the blocks only the features. When the block's convolution is
+mlip_accel's (``fuse_into_conv``), the table is not even read here: the MLP returns a NaN placeholder carrying the
+table and the lengths, and the convolution's walks read the table per edge (W never stored; conv.py).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from ...ops.radial_table import TableCache, check_table_option, table_applies, t
 from ...ops.split_matmul import exact_mm
 from ...reference import radial_basis as reference_embedding
 from ..common import originals_in
+from .conv import MACEFusedConv, tabulated_placeholder
 
 # The attribute FusedRadialEmbedding (radial_embedding.py) sets on the edge features it returns: (the edge
 # lengths, the embedding module). MACE hands those features to every interaction block's radial MLP but not
@@ -110,6 +113,9 @@ class FoldedRadialMLP(torch.nn.Sequential):
         self.table = table
         self._original = (original,)  # outside the module tree: restore() puts it back
         self.tables = TableCache()
+        # the block's convolution reads the table itself (patches/mace/conv.py): a table lookup then returns a
+        # NaN placeholder carrying the table and the lengths instead of W (set by install)
+        self.fuse_into_conv = False
 
     @property
     def original(self) -> torch.nn.Module:
@@ -134,8 +140,11 @@ class FoldedRadialMLP(torch.nn.Sequential):
             table = self._table(embedding, x)
             if table is not None:
                 exact = lambda r: self._exact(embedding, r)  # noqa: E731
-                out = table_lookup(table, lengths.reshape(-1), exact, [layer.weight for layer in self],
-                                   self.backend)
+                params = [layer.weight for layer in self]
+                if self.fuse_into_conv and x.dim() == 2:
+                    return tabulated_placeholder(x, x.shape[0], table.outputs,
+                                                 (table, lengths.reshape(-1), exact, params))
+                out = table_lookup(table, lengths.reshape(-1), exact, params, self.backend)
                 return out.reshape(*x.shape[:-1], out.shape[-1])
         return self._layers_forward(x)
 
@@ -179,6 +188,8 @@ def install(blocks, backend: str = "auto", table="auto") -> list:
             continue
         fast = FoldedRadialMLP(radial, backend, table)
         fast.train(radial.training)
+        # MACEFusedConv itself (a streamed block's subclass never meets a folded MLP)
+        fast.fuse_into_conv = type(getattr(block, "conv_tp", None)) is MACEFusedConv
         undo.append((block, radial))
         block.conv_tp_weights = fast
     return undo

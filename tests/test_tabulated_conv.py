@@ -1,0 +1,216 @@
+"""The convolution walks that read their weights from a radial table by edge length (KernelSpec.tabulated: W and
+grad W never stored), run through the CPU emulator with NaN-poisoned outputs, against the reference convolution
+fed the table's values (reference/radial_table.py) and the table's own backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuda_emulator
+from kernel_cases import TOL, graph, inputs, random_uvu_problem, rel_err
+from mlip_accel import reference
+from mlip_accel.codegen import KernelSpec, generate
+from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.reference import radial_table as table_reference
+from mlip_accel.runtime import backend as cuda
+
+emulated_only = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
+R_MAX = 5.0
+
+
+def _table(problem, dtype, intervals=12, seed=0):
+    """Random Horner coefficients ``[intervals, 4, n]`` (the table's own layout) and the walks' ``[.., n, 4]``."""
+    g = torch.Generator().manual_seed(seed)
+    coeffs = torch.randn(intervals, 4, problem.weight_numel, generator=g, dtype=dtype)
+    return coeffs, coeffs.permute(0, 2, 1).contiguous()
+
+
+def _lengths(num_edges, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed + 1)
+    r = torch.rand(num_edges, generator=g, dtype=dtype) * (R_MAX * 1.2)  # some beyond r_max
+    if num_edges > 3:
+        r[:3] = torch.tensor([0.0, R_MAX, R_MAX * 0.5], dtype=dtype)  # zero (padding), the cutoff, a knot
+    return r
+
+
+def _case(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, need=(True, True, True)):
+    x, y, _, gz = inputs(problem, num_nodes, num_edges, dtype, seed=seed)
+    dst, src = graph(kind, num_nodes, num_edges, seed=seed)
+    perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
+    coeffs, packed = _table(problem, dtype, seed=seed)
+    r_max = torch.tensor([R_MAX], dtype=dtype)
+    r = _lengths(num_edges, dtype, seed)
+    w = table_reference.lookup(coeffs, r, R_MAX)
+    out = cuda.conv_forward_tabulated(problem, x, y, packed, r_max, r, dst, src, perm)
+    assert rel_err(out, reference.conv_forward(problem, x, y, w, dst, src)) <= TOL[dtype]
+    got = cuda.conv_backward_tabulated(problem, x, y, packed, r_max, r, gz, dst, src, tperm, need)
+    gx, gy, gw = reference.conv_backward(problem, x, y, w, gz, dst, src, None, (need[0], need[1], need[2]))
+    want = (gx, gy, None if gw is None else table_reference.lookup_backward(coeffs, r, R_MAX, gw))
+    for name, a, b in zip(("x", "y", "lengths"), got, want):
+        if b is None:
+            assert a is None, f"grad {name} returned although not needed"
+        else:
+            assert rel_err(a, b) <= TOL[dtype], f"grad {name}: {rel_err(a, b):.3g}"
+    return got
+
+
+@emulated_only
+@pytest.mark.parametrize("seed", [0, 2, 5])  # problems with per-edge weights (seed 1 has none)
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_tabulated_walks_equal_the_reference_on_the_table_values(emulated, seed, deterministic):
+    problem = random_uvu_problem(seed)
+    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):  # several phases, split rows
+        _case(problem, torch.float64, "hub", 9, 77, seed, deterministic)
+
+
+@emulated_only
+@pytest.mark.parametrize("need", [(True, False, False), (False, True, False), (False, False, True),
+                                  (True, False, True)])
+def test_tabulated_backward_honours_need(emulated, need):
+    _case(random_uvu_problem(3), torch.float64, "random", 11, 50, 3, True, need)
+
+
+@emulated_only
+def test_tabulated_walks_in_float32_with_one_phase(emulated):
+    problem = random_uvu_problem(4)
+    grads = _case(problem, torch.float32, "random", 13, 64, 4, True)
+    assert grads[2].dtype == torch.float32
+
+
+@emulated_only
+def test_tabulated_walks_are_bitwise_reproducible(emulated):
+    problem = random_uvu_problem(2)
+    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
+        first = _case(problem, torch.float32, "hub", 9, 77, 2, True)
+        second = _case(problem, torch.float32, "hub", 9, 77, 2, True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@emulated_only
+def test_tabulated_walks_check_the_table(emulated):
+    problem = random_uvu_problem(0)
+    x, y, _, _ = inputs(problem, 5, 7, torch.float64, seed=0)
+    dst, src = graph("random", 5, 7, seed=0)
+    _, packed = _table(problem, torch.float64)
+    r_max, r = torch.tensor([R_MAX], dtype=torch.float64), _lengths(7, torch.float64)
+    with pytest.raises(ValueError, match="coeffs must have shape"):
+        cuda.conv_forward_tabulated(problem, x, y, packed.permute(0, 2, 1).contiguous(), r_max, r, dst, src)
+    with pytest.raises(ValueError, match="lengths"):
+        cuda.conv_forward_tabulated(problem, x, y, packed, r_max, r[:5], dst, src)
+    with pytest.raises(ValueError, match="coeffs is torch.float32"):
+        cuda.conv_forward_tabulated(problem, x, y, packed.float(), r_max, r, dst, src)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        shifted = torch.empty(packed.numel() + 1, dtype=torch.float64)[1:].view(packed.shape)
+        cuda.conv_forward_tabulated(problem, x, y, shifted, r_max, r, dst, src)
+
+
+def test_tabulated_spec_is_a_convolution_forward_or_backward():
+    problem = random_uvu_problem(0)
+    for direction, variant in (("double_forward", "det"), ("forward", "tp")):
+        with pytest.raises(ValueError, match="tabulated"):
+            KernelSpec(problem, "float32", direction, variant, tabulated=True)
+    gm = generate(KernelSpec(problem, "float32", "backward", "det", tabulated=True))
+    names = [a.name for a in gm.walk_plan.arguments]
+    assert "w" not in names and "gw_out" not in names and {"coeffs", "lengths", "gr_out", "intervals"} <= set(names)
+    assert "st_stream(gwe" not in gm.source and "_tab_" in gm.walk_plan.kernel
+    assert any(s.name == "intervals" and s.rule is None for s in gm.sequence.scalars)
+
+
+# --- the autograd function (ops.tabulated_conv): the kernels for forces, the unfused path for the rest ---------
+
+def _call(problem, dtype, seed=0, deterministic=True):
+    """A tabulated call over a table whose 'exact network' is its own lookup scaled by a parameter (value 1), with
+    the reference convolution as the unfused path: everything the function is compared with is plain torch."""
+    from mlip_accel.ops.radial_table import RadialTable, table_lookup
+    from mlip_accel.ops.tabulated_conv import TabulatedCall
+
+    num_nodes, num_edges = 9, 60
+    x, y, _, gz = inputs(problem, num_nodes, num_edges, dtype, seed=seed)
+    dst, src = graph("hub", num_nodes, num_edges, seed=seed)
+    perm, tperm = edge_orders(sort_edges(dst, src, num_nodes) if deterministic else None)
+    coeffs, _ = _table(problem, dtype, seed=seed)
+    table = RadialTable(coeffs, R_MAX, 0.0, 0.0, 0.0, 0.0)
+    scale = torch.ones((), dtype=dtype, requires_grad=True)
+
+    def exact(r):
+        return table_reference.lookup(coeffs, r, R_MAX) * scale
+
+    def unfused(x, y, r):
+        return reference.conv_forward(problem, x, y, table_lookup(table, r, exact, (scale,), "reference"), dst, src)
+
+    call = TabulatedCall(problem, table, dst, src, perm, tperm, unfused)
+    r = _lengths(num_edges, dtype, seed).clamp(0.1, R_MAX * 0.99)  # inside the table: smooth everywhere
+    return call, x, y, r, gz, scale
+
+
+@emulated_only
+def test_forces_run_the_tabulated_walks_and_equal_the_unfused_path(emulated):
+    from mlip_accel.ops.tabulated_conv import tabulated_conv
+
+    call, x, y, r, gz, scale = _call(random_uvu_problem(0), torch.float64)
+    leaves = [t.clone().requires_grad_() for t in (x, y, r)]
+    before = len(emulated.launches)
+    out = tabulated_conv(call, *leaves, (scale,))
+    grads = torch.autograd.grad(out, leaves, gz)
+    names = [name for name, *_ in emulated.launches[before:]]
+    assert any("_tab_for_" in n for n in names) and any("_tab_bac_" in n for n in names), names
+    plain = [t.clone().requires_grad_() for t in (x, y, r)]
+    want_out = call.unfused(*plain)
+    want = torch.autograd.grad(want_out, plain, gz)
+    assert rel_err(out, want_out) <= 1e-12
+    for a, b in zip(grads, want):
+        assert rel_err(a, b) <= 1e-12
+
+
+@emulated_only
+def test_parameter_gradients_and_second_derivatives_take_the_unfused_path(emulated):
+    from mlip_accel.ops.tabulated_conv import tabulated_conv
+
+    call, x, y, r, gz, scale = _call(random_uvu_problem(5), torch.float64, seed=5)
+    got, want = [], []
+    for fn, into in ((lambda *a: tabulated_conv(call, *a, (scale,)), got), (call.unfused, want)):
+        rr = r.clone().requires_grad_()
+        xx = x.clone().requires_grad_()
+        out = fn(xx, y, rr)
+        (g_scale,) = torch.autograd.grad((out * gz).sum(), scale, retain_graph=True)
+        g_r, g_x = torch.autograd.grad((out * gz).sum(), (rr, xx), create_graph=True)
+        (h,) = torch.autograd.grad((g_r.square().sum() + g_x.square().sum()), rr)  # a Hessian-vector product
+        into.extend([g_scale, g_r, g_x, h])
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= 1e-12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_tabulated_walks_equal_the_reference_and_store_no_weights(dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from mlip_accel.runtime import debug
+
+    problem = random_uvu_problem(6)  # 705 weights per edge
+    num_nodes, num_edges = 300, 20000
+    x, y, _, gz = (t.cuda() for t in inputs(problem, num_nodes, num_edges, dtype, seed=6))
+    dst, src = (t.cuda() for t in graph("hub", num_nodes, num_edges, seed=6))
+    perm, tperm = edge_orders(sort_edges(dst, src, num_nodes))
+    coeffs, packed = (t.cuda() for t in _table(problem, dtype, intervals=256, seed=6))
+    r_max = torch.tensor([R_MAX], dtype=dtype, device="cuda")
+    r = _lengths(num_edges, dtype, 6).cuda()
+    with debug.poison():
+        cuda.conv_forward_tabulated(problem, x, y, packed, r_max, r, dst, src, perm)  # compiled, warm
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = cuda.conv_forward_tabulated(problem, x, y, packed, r_max, r, dst, src, perm)
+        grads = cuda.conv_backward_tabulated(problem, x, y, packed, r_max, r, gz, dst, src, tperm)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    w_bytes = num_edges * problem.weight_numel * x.element_size()
+    assert peak < w_bytes / 4, f"the walks allocated {peak} bytes; W alone would be {w_bytes}"
+    w = table_reference.lookup(coeffs, r, R_MAX)
+    tol = TOL[dtype]
+    assert rel_err(out, reference.conv_forward(problem, x, y, w, dst, src)) <= tol
+    gx, gy, gw = reference.conv_backward(problem, x, y, w, gz, dst, src)
+    for a, b in zip(grads, (gx, gy, table_reference.lookup_backward(coeffs, r, R_MAX, gw))):
+        assert rel_err(a, b) <= tol
+    again = cuda.conv_backward_tabulated(problem, x, y, packed, r_max, r, gz, dst, src, tperm)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again))  # deterministic: bitwise
