@@ -16,7 +16,8 @@ gpu_check_start gpu_check_ase_call || exit 1
 if [[ -z ${SKIP_TESTS:-} ]]; then
   (cd tests && timeout 240 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
     test_irreps_linear.py test_split_matmul.py test_mace_accelerate.py test_cuda_graphs.py test_radial_table.py test_mace_radial_table.py \
-    test_mace_radial_fold.py test_mace_radial_embedding.py test_neighbor_list_kernels.py test_md_calculator.py') >"$OUT/gpu_tests_mace.log" 2>&1
+    test_mace_radial_fold.py test_mace_radial_embedding.py test_neighbor_list_kernels.py test_md_calculator.py \
+    test_tabulated_conv.py') >"$OUT/gpu_tests_mace.log" 2>&1
   stage gpu_tests_mace $?
   (cd tests && timeout 150 bash -c 'py_nequip -m pytest -m gpu -q -rfEs -p no:cacheprovider test_irreps_linear.py \
     test_nequip_gpu.py') >"$OUT/gpu_tests_nequip.log" 2>&1

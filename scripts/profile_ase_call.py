@@ -16,7 +16,9 @@ three ASE calls under torch.profiler: operations by GPU time and by host time, a
 ``--out/profile_ase_call_<cells>c.md``.
 
 With ``--radial-table off`` the MACE blocks' radial MLPs run as networks instead of tables (ops.radial_table;
-"auto", the default, tabulates them on CUDA in float32); ``--compare-table`` adds, per size, the ASE call with
+"auto", the default, tabulates them on CUDA in float32 and the convolution reads the table inside its walks;
+"unfused" looks the table up first and stores W); ``--compare-fused`` adds, per size, the ASE call with the table
+unfused and the forces' difference; ``--compare-table`` adds, per size, the ASE call with
 the tables off and the forces' relative difference between the two to the table; ``--compare-list`` adds the
 neighbour list and the ASE call with vesin's GPU list instead of mlip_accel's list kernels (the default on CUDA);
 ``--compare-graphs`` adds the ASE call with CUDA graphs off and forced on (``cuda_graphs=True``, edge headroom
@@ -101,8 +103,9 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[5, 10])
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--radial-table", choices=["auto", "off"], default="auto")
+    parser.add_argument("--radial-table", choices=["auto", "unfused", "off"], default="auto")
     parser.add_argument("--compare-table", action="store_true")
+    parser.add_argument("--compare-fused", action="store_true")
     parser.add_argument("--compare-list", action="store_true")
     parser.add_argument("--compare-graphs", action="store_true")
     parser.add_argument("--host-timeline", action="store_true")
@@ -119,6 +122,8 @@ def main(argv=None) -> None:
 
     potential = accelerated(args.radial_table)
     untabulated = accelerated("off") if args.compare_table else None
+    unfused = accelerated("unfused") if args.compare_fused else None
+    outside_torch = _outside_torch_gb()
     try:
         symx = symmetrix_calculator(base, "float32", tempfile.mkdtemp(prefix="profile_ase_call_"))
     except Exception as err:
@@ -159,7 +164,11 @@ def main(argv=None) -> None:
                                    unit_shifts=nb.unit_shifts.clone())
             part_eval()
 
-        rows = [("ASE call", _median_ms(ase_call, args.reps))]
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        rows = [("ASE call", _median_ms(ase_call, args.reps)),
+                ("  peak memory GB, torch's allocator, whole process so far (not ms)",
+                 torch.cuda.max_memory_allocated() / 1e9)]
         part_list()
         part_eval()
         rows += [("neighbour list", _median_ms(part_list, args.reps)),
@@ -168,6 +177,8 @@ def main(argv=None) -> None:
                  ("results to the host", _median_ms(part_host, args.reps))]
         if symx is not None:
             rows.append(("Symmetrix-XL ASE call", _ase_call_ms(symx, pos, cell, pbc, moved, args.reps)))
+            rows.append(("  device memory it holds after its calls, GB (outside torch's allocator, not ms)",
+                         _outside_torch_gb() - outside_torch))
         if args.compare_list:
             rows += _list_comparison(potential, pos, cell, pbc, moved, args.reps)
         if args.host_timeline:
@@ -176,6 +187,9 @@ def main(argv=None) -> None:
             rows += _graphs_comparison(potential, pos, cell, pbc, moved, args.reps)
         if untabulated is not None:
             rows += _table_comparison(calc, untabulated, pos, cell, pbc, moved, args.reps)
+        if unfused is not None:
+            rows += _table_comparison(calc, unfused, pos, cell, pbc, moved, args.reps,
+                                      "the table read before the convolution (W stored)")
         head = (f"# The full ASE call and its parts: MACE-MP-0-medium size, carbon-{cells}c ({graph.num_nodes} atoms, "
                 f"{graph.num_edges} edges), fp32, {torch.cuda.get_device_name()}")
         lines = [head, "", f"graphs: {calc.cuda_graphs}, neighbour list by: {calc.neighbor_list.source}, "
@@ -241,7 +255,9 @@ def _set_radial_table(model, table: str) -> None:
 
     for module in model.modules():
         if isinstance(module, FoldedRadialMLP):
-            module.table = "auto" if table == "auto" else False
+            module.table = False if table == "off" else "auto"
+            if table == "unfused":  # the table read by its own kernel, W stored for the convolution
+                module.fuse_into_conv = False
 
 
 def _ase_call_ms(calc, pos, cell, pbc, moved, reps) -> float:
@@ -354,20 +370,27 @@ def _graphs_comparison(potential, pos, cell, pbc, moved, reps) -> list:
     return rows
 
 
-def _table_comparison(calc, untabulated, pos, cell, pbc, moved, reps) -> list:
-    """Rows: the ASE call with the radial tables off, and the forces' relative difference (against e3nn:
-    bench_md.py's error columns)."""
+def _outside_torch_gb() -> float:
+    """The GPU's memory in use (cudaMemGetInfo) less what torch's allocator holds, GB: a native engine's memory
+    shows only here (CUDA contexts too: compare two readings)."""
+    free, total = torch.cuda.mem_get_info()
+    return (total - free - torch.cuda.memory_reserved()) / 1e9
+
+
+def _table_comparison(calc, untabulated, pos, cell, pbc, moved, reps, what="radial tables off") -> list:
+    """Rows: the ASE call of another potential (``what``: the radial tables off by default), and the forces'
+    relative difference (against e3nn: bench_md.py's error columns)."""
     from bench_md_sweep import ase_atoms
 
     from mlip_accel.integrations.ase import AcceleratedCalculator
     from mlip_accel.testing import rel_err
 
     other = AcceleratedCalculator(untabulated, neighbor_skin=0.0)
-    rows = [("ASE call, radial tables off", _ase_call_ms(other, pos, cell, pbc, moved, reps))]
+    rows = [(f"ASE call, {what}", _ase_call_ms(other, pos, cell, pbc, moved, reps))]
     atoms_a, atoms_b = ase_atoms(pos, cell, pbc), ase_atoms(pos, cell, pbc)
     atoms_a.calc, atoms_b.calc = calc, other
     fa, fb = (torch.as_tensor(a.get_forces()) for a in (atoms_a, atoms_b))
-    rows.append(("forces: tables vs tables off, relative difference (not ms)", rel_err(fa, fb)))
+    rows.append((f"forces: against {what}, relative difference (not ms)", rel_err(fa, fb)))
     other.evaluator.release()
     return rows
 

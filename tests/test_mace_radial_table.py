@@ -31,19 +31,27 @@ def _radials(model):
     return [b.conv_tp_weights for b in model.interactions if isinstance(b.conv_tp_weights, FoldedRadialMLP)]
 
 
-def _calls_tabulated(model, batch, monkeypatch):
-    """Evaluate ``model`` and count the blocks that read the table."""
-    from mlip_accel.ops import radial_table
+def _calls_tabulated(model, batch, monkeypatch, fused=None):
+    """Evaluate ``model`` and count the blocks that read the table: looked up before the convolution (on the
+    CPU, or with ``fuse_into_conv`` off) or, where ``fused`` is a list, read inside the convolution's walks
+    (appended to it)."""
+    from mlip_accel.ops import radial_table, tabulated_conv
 
     calls = []
-    real = radial_table.table_lookup
+    real, real_fused = radial_table.table_lookup, tabulated_conv.tabulated_conv
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
+
+    def counting_fused(*args, **kwargs):
+        fused.append(1)
+        return real_fused(*args, **kwargs)
     monkeypatch.setattr("mlip_accel.patches.mace.radial.table_lookup", counting)
     # a block whose convolution reads the table itself looks it up there (on the CPU: before the convolution)
     monkeypatch.setattr("mlip_accel.ops.radial_table.table_lookup", counting)
+    if fused is not None:
+        monkeypatch.setattr("mlip_accel.ops.tabulated_conv.tabulated_conv", counting_fused)
     return evaluate(model, batch), len(calls)
 
 
@@ -138,7 +146,34 @@ def test_auto_tabulates_on_the_gpu_and_matches_the_exact_model(monkeypatch):
     exact, tabulated = _accelerated(False, device="cuda"), _accelerated("auto", device="cuda")
     batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch_for(exact, structures).items()}
     want, _ = _calls_tabulated(exact, batch, monkeypatch)
-    got, calls = _calls_tabulated(tabulated, batch, monkeypatch)
-    assert calls == 2
+    fused = []
+    got, calls = _calls_tabulated(tabulated, batch, monkeypatch, fused)
+    assert calls == 0 and len(fused) == 2  # both convolutions read the table inside their walks
     for key in ("energy", "forces", "stress"):
+        assert torch.isfinite(got[key]).all(), key  # the placeholder's NaN never reaches a result
         assert rel_err(got[key], want[key]) <= 2e-5, key
+    # the table looked up first (W stored), as before: the same numbers to float32 rounding
+    for radial in _radials(tabulated):
+        radial.fuse_into_conv = False
+    unfused, calls = _calls_tabulated(tabulated, batch, monkeypatch, fused)
+    assert calls == 2 and len(fused) == 2
+    for key in ("energy", "forces", "stress"):
+        assert rel_err(got[key], unfused[key]) <= 1e-5, key
+
+
+def test_only_a_block_with_the_fused_convolution_gets_the_placeholder():
+    model = _accelerated(True)
+    radials = _radials(model)
+    assert radials and all(r.fuse_into_conv for r in radials)
+    plain = tiny_model(dtype=torch.float32)
+    mlip_accel.accelerate(plain, radial_table=True, stream_edges=True)
+    assert not any(getattr(b.conv_tp_weights, "fuse_into_conv", False) for b in plain.interactions)
+
+
+def test_the_placeholder_is_nan_and_takes_no_memory():
+    from mlip_accel.patches.mace.conv import TABULATED_WEIGHTS, tabulated_placeholder
+
+    out = tabulated_placeholder(torch.zeros(3), 100_000, 1280, ("source",))
+    assert out.shape == (100_000, 1280) and torch.isnan(out).all()
+    assert out.untyped_storage().nbytes() == 4 and getattr(out, TABULATED_WEIGHTS) == ("source",)
+    assert not hasattr(out * 2.0, TABULATED_WEIGHTS)  # anything computed from it is NaN, and plain
