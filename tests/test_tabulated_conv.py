@@ -205,7 +205,8 @@ def test_gpu_tabulated_walks_equal_the_reference_and_store_no_weights(dtype):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     w_bytes = num_edges * problem.weight_numel * x.element_size()
-    assert peak < w_bytes / 4, f"the walks allocated {peak} bytes; W alone would be {w_bytes}"
+    # outputs and the per-phase grad-y partials only: the unfused pair stores W and grad W (2 x w_bytes)
+    assert peak < w_bytes / 2, f"the walks allocated {peak} bytes; W alone would be {w_bytes}"
     w = table_reference.lookup(coeffs, r, R_MAX)
     tol = TOL[dtype]
     assert rel_err(out, reference.conv_forward(problem, x, y, w, dst, src)) <= tol
