@@ -171,7 +171,7 @@ def test_only_a_block_with_the_fused_convolution_gets_the_placeholder():
 
 
 def test_the_placeholder_is_nan_and_takes_no_memory():
-    from mlip_accel.patches.mace.conv import TABULATED_WEIGHTS, tabulated_placeholder
+    from mlip_accel.ops.tabulated_conv import TABULATED_WEIGHTS, tabulated_placeholder
 
     out = tabulated_placeholder(torch.zeros(3), 100_000, 1280, ("source",))
     assert out.shape == (100_000, 1280) and torch.isnan(out).all()

@@ -38,16 +38,27 @@ def _mlps(model):
     return [m for m in model.modules() if isinstance(m, TabulatedEdgeMLP)]
 
 
-def _count_lookups(monkeypatch):
+def _count_lookups(monkeypatch, fused=None):
+    """Count the table's lookups before the convolution (on the CPU the tabulated convolution looks it up too);
+    where ``fused`` is a list, the convolutions that read the table inside their walks are appended to it."""
     calls = []
+    import mlip_accel.ops.radial_table as ops
+    import mlip_accel.ops.tabulated_conv as fused_ops
     import mlip_accel.patches.nequip.radial_table as module
 
-    real = module.table_lookup
+    real, real_fused = ops.table_lookup, fused_ops.tabulated_conv
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
+
+    def counting_fused(*args, **kwargs):
+        fused.append(1)
+        return real_fused(*args, **kwargs)
     monkeypatch.setattr(module, "table_lookup", counting)
+    monkeypatch.setattr(ops, "table_lookup", counting)
+    if fused is not None:
+        monkeypatch.setattr(fused_ops, "tabulated_conv", counting_fused)
     return calls
 
 
@@ -100,8 +111,20 @@ def test_auto_tabulates_on_the_gpu_and_matches_the_untabulated_model(plain32, da
         pytest.skip("needs a CUDA GPU")
     exact, tabulated = _accelerated(plain32, False, "cuda"), _accelerated(plain32, "auto", "cuda")
     gpu = {k: v.cuda() for k, v in data.items()}
-    calls = _count_lookups(monkeypatch)
+    fused = []
+    calls = _count_lookups(monkeypatch, fused)
     want, got = F.evaluate(exact, gpu), F.evaluate(tabulated, gpu)
-    assert len(calls) == 2
+    assert len(calls) == 0 and len(fused) == 2  # both convolutions read the table inside their walks
     for key in want:
+        assert torch.isfinite(got[key]).all(), key
         assert rel_err(got[key], want[key]) <= 2e-5, key
+    for mlp in _mlps(tabulated):  # the table looked up first (W stored): the same numbers
+        mlp.fuse_into_conv = False
+    unfused = F.evaluate(tabulated, gpu)
+    assert len(calls) == 2 and len(fused) == 2
+    for key in want:
+        assert rel_err(got[key], unfused[key]) <= 1e-5, key
+
+
+def test_only_a_block_with_mlip_accels_tp_scatter_gets_the_placeholder(plain32):
+    assert all(m.fuse_into_conv for m in _mlps(_accelerated(plain32, True)))

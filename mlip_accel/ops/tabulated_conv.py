@@ -22,6 +22,26 @@ from .gradients import wanted
 from .radial_table import RadialTable
 
 
+# The attribute a tabulated radial network sets on what it returns in place of W when its convolution reads the
+# table itself: (table, lengths, exact network, its parameters). What it returns is NaN and takes no memory (one
+# element, expanded): the convolution reads the table inside its walks instead, and any other consumer computes
+# NaN, never a plausible wrong number.
+TABULATED_WEIGHTS = "_mlip_accel_tabulated_weights"
+
+
+def tabulated_placeholder(like: Tensor, rows: int, outputs: int, source: tuple) -> Tensor:
+    """What a tabulated radial network returns for a convolution that reads its table: ``[rows, outputs]`` of NaN
+    in one element, carrying ``source`` = (table, lengths, exact, params)."""
+    out = like.new_full((1, 1), float("nan")).expand(rows, outputs)
+    setattr(out, TABULATED_WEIGHTS, source)
+    return out
+
+
+def tabulated_source(weights) -> tuple | None:
+    """``(table, lengths, exact, params)`` when ``weights`` is a tabulated network's placeholder, else None."""
+    return getattr(weights, TABULATED_WEIGHTS, None)
+
+
 def packed_coefficients(table: RadialTable) -> Tensor:
     """The table's coefficients as the walks read them: ``[intervals, n, 4]`` (a weight's four Horner coefficients
     side by side: one 16-byte access), made once per table and kept beside it."""

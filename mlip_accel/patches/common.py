@@ -8,6 +8,7 @@ import torch
 
 from ..errors import ParityCheckFailed
 from ..ops.backends import check_backend_name
+from ..ops.tabulated_conv import tabulated_source
 
 # Relative tolerance of both parity probes, max|accelerated - original| <= RTOL * max|original| per output.
 # A real mismatch (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more.
@@ -117,9 +118,19 @@ def compare_outputs(reference: dict, accelerated: dict, rtol: float, where: str)
 def conv_on_shared_graph(conv, edge_sort, x, edge_attr, edge_weight, edge_dst, edge_src):
     """Call a :class:`~mlip_accel.TensorProductConv` the way every adapter's fused layer does: with the edge
     graph all layers of one model share (``edge_sort``, an :class:`~mlip_accel.graph.EdgeSortCache`, sorts the
-    edges once per forward pass) when the sum is deterministic, with none (atomic accumulation) otherwise."""
-    return conv(x, edge_attr, edge_weight, edge_dst, edge_src, graph=shared_graph(conv, edge_sort, x, edge_dst,
-                                                                               edge_src))
+    edges once per forward pass) when the sum is deterministic, with none (atomic accumulation) otherwise; where
+    ``edge_weight`` is a tabulated radial network's placeholder, with the table read inside the walks
+    (``TensorProductConv.forward_tabulated``)."""
+    graph = shared_graph(conv, edge_sort, x, edge_dst, edge_src)
+    source = tabulated_source(edge_weight)
+    if source is None:
+        return conv(x, edge_attr, edge_weight, edge_dst, edge_src, graph=graph)
+    # a tabulated radial network's placeholder (ops.tabulated_conv): the walks read its table, W is never made
+    if tuple(edge_weight.shape) != (edge_attr.shape[0], conv.weight_numel):
+        raise ValueError(f"the tabulated radial network gave {tuple(edge_weight.shape)} weights for "
+                         f"{edge_attr.shape[0]} edges of {conv.weight_numel}")
+    table, lengths, exact, params = source
+    return conv.forward_tabulated(x, edge_attr, table, lengths, exact, params, edge_dst, edge_src, graph=graph)
 
 
 def shared_graph(conv, edge_sort, x, edge_dst, edge_src):

@@ -12,21 +12,7 @@ from torch import nn
 
 from ...graph import EdgeSortCache
 from ...modules import TensorProductConv
-from ..common import conv_on_shared_graph, shared_graph
-
-# The attribute a tabulated radial MLP (radial.FoldedRadialMLP with fuse_into_conv) sets on what it returns in
-# place of tp_weights: (table, lengths, exact network, its parameters). What it returns is NaN and takes no memory
-# (one element, expanded): this convolution reads the table inside its walks instead (W never stored), and any
-# other consumer would compute NaN, never a plausible wrong number.
-TABULATED_WEIGHTS = "_mlip_accel_tabulated_weights"
-
-
-def tabulated_placeholder(like: torch.Tensor, rows: int, outputs: int, source: tuple) -> torch.Tensor:
-    """What a tabulated radial MLP returns for its convolution: ``[rows, outputs]`` of NaN in one element."""
-    out = like.new_full((1, 1), float("nan")).expand(rows, outputs)
-    setattr(out, TABULATED_WEIGHTS, source)
-    return out
-
+from ..common import conv_on_shared_graph
 
 # The replaced e3nn module lives on as a child of this name: its state_dict entries keep MACE's keys and
 # restoring the plain block is a swap back.
@@ -100,14 +86,5 @@ class MACEFusedConv(nn.Module):
         if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2 or edge_index.shape[0] != 2:
             raise ValueError("edge_index must be a (2, num_edges) tensor of (sender, receiver) ids, got "
                              f"{tuple(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index)}")
-        tabulated = getattr(tp_weights, TABULATED_WEIGHTS, None)
-        if tabulated is not None:
-            if tuple(tp_weights.shape) != (edge_attrs.shape[0], self.weight_numel):
-                raise ValueError(f"the tabulated radial MLP gave {tuple(tp_weights.shape)} weights for "
-                                 f"{edge_attrs.shape[0]} edges of {self.weight_numel}")
-            table, lengths, exact, params = tabulated
-            dst, src = edge_index[1], edge_index[0]
-            return self.conv.forward_tabulated(node_feats, edge_attrs, table, lengths, exact, params, dst, src,
-                                               graph=shared_graph(self.conv, self.graphs, node_feats, dst, src))
         return conv_on_shared_graph(self.conv, self.graphs, node_feats, edge_attrs, tp_weights, edge_index[1],
                                     edge_index[0])

@@ -28,9 +28,10 @@ import torch
 from ...ops.activation import silu as fused_silu
 from ...ops.radial_table import TableCache, check_table_option, table_applies, table_lookup
 from ...ops.split_matmul import exact_mm
+from ...ops.tabulated_conv import tabulated_placeholder
 from ...reference import radial_basis as reference_embedding
 from ..common import originals_in
-from .conv import MACEFusedConv, tabulated_placeholder
+from .conv import MACEFusedConv
 
 # The attribute FusedRadialEmbedding (radial_embedding.py) sets on the edge features it returns: (the edge
 # lengths, the embedding module). MACE hands those features to every interaction block's radial MLP but not
@@ -113,7 +114,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
         self.table = table
         self._original = (original,)  # outside the module tree: restore() puts it back
         self.tables = TableCache()
-        # the block's convolution reads the table itself (patches/mace/conv.py): a table lookup then returns a
+        # the block's convolution reads the table itself (patches/common.conv_on_shared_graph): a table lookup then returns a
         # NaN placeholder carrying the table and the lengths instead of W (set by install)
         self.fuse_into_conv = False
 

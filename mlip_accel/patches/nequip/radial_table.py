@@ -18,9 +18,11 @@ import torch
 
 from ...modules.e3nn_api import ReadsLikeOriginal
 from ...ops.radial_table import TableCache, check_table_option, table_applies, table_lookup
+from ...ops.tabulated_conv import tabulated_placeholder
 from ...problem.radial import RadialNetwork
 from ..submodules import Replacement, origin_module
 from .stream import NequIPRadialHidden, describe_radial, is_interaction_block
+from .tp_scatter import MlipAccelTensorProductScatter
 
 NORM_LENGTH_ATTRIBUTE = "_mlip_accel_norm_length"
 
@@ -115,9 +117,13 @@ class TabulatedEdgeMLP(torch.nn.Module):
     """nequip's ``ScalarMLPFunction`` (its children: same ``state_dict``) that in inference reads a table by the
     normalised length attached to its input (``table``: "auto", True, False; ops.radial_table.table_applies)."""
 
-    def __init__(self, original: torch.nn.Module, description: RadialNetwork, table="auto", backend: str = "auto"):
+    def __init__(self, original: torch.nn.Module, description: RadialNetwork, table="auto", backend: str = "auto",
+                 fuse_into_conv: bool = False):
         super().__init__()
         check_table_option(table)
+        # the block's tp_scatter is mlip_accel's: a lookup returns a NaN placeholder carrying the table and the
+        # lengths instead of W, and the convolution's walks read the table (ops.tabulated_conv)
+        self.fuse_into_conv = fuse_into_conv
         for name, child in original.named_children():
             self.add_module(name, child)
         self._original = (original,)
@@ -143,8 +149,11 @@ class TabulatedEdgeMLP(torch.nn.Module):
             table = self.tables.get(lambda r: self._network(encoding, p, factor, r), sources, 1.0, x.dtype,
                                     x.device, "the edge MLP", constants=(p, factor))
             if table is not None:
-                out = table_lookup(table, norm.reshape(-1).to(x.dtype), lambda r: self._exact(encoding, factor, r),
-                                   [m.weight for m in linears], self.backend)
+                exact = lambda r: self._exact(encoding, factor, r)  # noqa: E731
+                lengths, params = norm.reshape(-1).to(x.dtype), [m.weight for m in linears]
+                if self.fuse_into_conv and x.dim() == 2:
+                    return tabulated_placeholder(x, x.shape[0], table.outputs, (table, lengths, exact, params))
+                out = table_lookup(table, lengths, exact, params, self.backend)
                 return out.reshape(*x.shape[:-1], out.shape[-1])
         return self.mlp(x)
 
@@ -205,5 +214,7 @@ def replacements(root: torch.nn.Module, swaps: list, table, backend: str = "auto
         finally:
             block.edge_mlp = saved
         if isinstance(what, RadialNetwork):
-            out.append(Replacement(block, "edge_mlp", current, TabulatedEdgeMLP(plain, what, table, backend)))
+            scatter = planned.get((id(block), "tp_scatter"), getattr(block, "tp_scatter", None))
+            fuse = type(scatter) is MlipAccelTensorProductScatter  # itself: a streamed block's is a subclass
+            out.append(Replacement(block, "edge_mlp", current, TabulatedEdgeMLP(plain, what, table, backend, fuse)))
     return out

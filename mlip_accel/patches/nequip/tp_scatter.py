@@ -13,6 +13,7 @@ from nequip.nn._tp_scatter_base import TensorProductScatter
 
 from ...graph import EdgeSortCache
 from ...modules import TensorProductConv
+from ...ops.tabulated_conv import tabulated_source
 from .. import submodules
 from ..common import check_options
 from ..common import conv_on_shared_graph
@@ -48,7 +49,9 @@ class MlipAccelTensorProductScatter(TensorProductScatter):
     def forward(self, x, edge_attr, edge_weight, edge_dst, edge_src):
         # the cast mirrors nequip's OpenEquivariance module: under AMP the radial MLP may run in lower precision
         dtype = self.model_dtype
-        x, edge_attr, edge_weight = x.to(dtype), edge_attr.to(dtype), edge_weight.to(dtype)
+        x, edge_attr = x.to(dtype), edge_attr.to(dtype)
+        if tabulated_source(edge_weight) is None:  # a table's placeholder is read by the walks, never cast
+            edge_weight = edge_weight.to(dtype)
         return conv_on_shared_graph(self.conv, self.edge_sort, x, edge_attr, edge_weight, edge_dst, edge_src)
 
 
