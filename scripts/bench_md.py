@@ -103,7 +103,7 @@ MODEL_INFO = {
 }
 
 
-RADIAL_TABLE = {"auto": "auto", "off": False}
+RADIAL_TABLE = {"auto": "auto", "unfused": "auto", "off": False}
 radial_table = "auto"  # mlip_accel's radial_table option (--radial-table)
 
 
@@ -123,8 +123,13 @@ def variant(framework: str, impl: str, base, device: torch.device):
         backend = "cuda" if device.type == "cuda" else "reference"
         if backend == "cuda" and mlip_accel.cuda_unavailable_reason() is not None:
             raise Unavailable(mlip_accel.cuda_unavailable_reason())
-        return mlip_accel.accelerate(model.to(device), backend=backend, deterministic=True,
-                                     radial_table=RADIAL_TABLE[radial_table]) or model
+        model = mlip_accel.accelerate(model.to(device), backend=backend, deterministic=True,
+                                      radial_table=RADIAL_TABLE[radial_table]) or model
+        if radial_table == "unfused":  # the table looked up before the convolution, W stored (the eighth session's)
+            for module in model.modules():
+                if hasattr(module, "fuse_into_conv"):
+                    module.fuse_into_conv = False
+        return model
     if device.type != "cuda":
         raise Unavailable(f"{impl} runs on CUDA only")
     try:
@@ -504,7 +509,8 @@ def main(argv=None):
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later cases are skipped")
     parser.add_argument("--profile", action="store_true", help="profile one carbon-1k fp32 step per implementation")
     parser.add_argument("--radial-table", choices=sorted(RADIAL_TABLE), default="auto",
-                        help="mlip_accel's radial_table option (off: the radial MLPs run as networks)")
+                        help="mlip_accel's radial_table option (off: the radial MLPs run as networks; unfused: "
+                             "the table looked up before the convolution, W stored)")
     parser.add_argument("--out", help="output JSON file or folder of --framework (default: $OUT/ or benchmarks/)")
     parser.add_argument("--parts-dir", default=BENCH_DIR, help="--merge: where the bench_md.<framework>.json are")
     parser.add_argument("--out-dir", default=BENCH_DIR, help="--merge: where the report goes")
