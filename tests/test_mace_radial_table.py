@@ -170,6 +170,18 @@ def test_only_a_block_with_the_fused_convolution_gets_the_placeholder():
     assert not any(getattr(b.conv_tp_weights, "fuse_into_conv", False) for b in plain.interactions)
 
 
+def test_a_radial_pickled_before_fusion_existed_runs_unfused():
+    """A model accelerated and saved before ``fuse_into_conv`` existed unpickles without the attribute: the class
+    default (False) stands in, and the MLP computes its weights as it did then."""
+    model = _accelerated(True)
+    radial = _radials(model)[0]
+    x = torch.rand(7, radial.hs[0], dtype=torch.float32)
+    want = radial(x)
+    del radial.fuse_into_conv
+    assert "fuse_into_conv" not in vars(radial) and radial.fuse_into_conv is False
+    assert torch.equal(radial(x), want)  # on the CPU the fused path never applies: the same weights
+
+
 def test_the_placeholder_is_nan_and_takes_no_memory():
     from mlip_accel.ops.tabulated_conv import TABULATED_WEIGHTS, tabulated_placeholder
 

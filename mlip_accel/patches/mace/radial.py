@@ -98,6 +98,8 @@ def _foldable(radial) -> list | None:
 class FoldedRadialMLP(torch.nn.Sequential):
     """Drop-in for an e3nn ``FullyConnectedNet`` of silu hidden layers: the same function, fewer passes."""
 
+    fuse_into_conv = False  # class default: a model pickled before the attribute existed reads it
+
     __jit_unused_properties__ = ["original"]
     __jit_ignored_attributes__ = ["_original"]
 

@@ -117,6 +117,8 @@ class TabulatedEdgeMLP(torch.nn.Module):
     """nequip's ``ScalarMLPFunction`` (its children: same ``state_dict``) that in inference reads a table by the
     normalised length attached to its input (``table``: "auto", True, False; ops.radial_table.table_applies)."""
 
+    fuse_into_conv = False  # class default: a model pickled before the attribute existed reads it
+
     def __init__(self, original: torch.nn.Module, description: RadialNetwork, table="auto", backend: str = "auto",
                  fuse_into_conv: bool = False):
         super().__init__()
