@@ -102,6 +102,11 @@ def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
             assert not chunk_loops_enabled(specs[name], direction, dtype)
     with cuda.chunk_loops(False):  # an override wins
         assert not chunk_loops_enabled(specs["mace-medium"], "backward", "float32")
+    # the tabulated backward (the ASE call's) runs unlooped: looped, each chunk would write its own partial of the
+    # edges' grad y and lengths' gradient
+    for name in ("mace-medium", "mace-large"):
+        assert not chunk_loops_enabled(specs[name], "backward", "float32", "det", tabulated=True)
+        assert not module_for(specs[name], "float32", "backward", "det", tabulated=True).spec.chunk_loops
 
 
 def test_rule_chosen_loops_match_the_reference(emulator):

@@ -3,6 +3,8 @@ grad W never stored), run through the CPU emulator with NaN-poisoned outputs, ag
 fed the table's values (reference/radial_table.py) and the table's own backward."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -13,6 +15,8 @@ from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.reference import radial_table as table_reference
 from mlip_accel.runtime import backend as cuda
+from mlip_accel.runtime import tuning
+from mlip_accel.runtime.kernels import module_for
 
 emulated_only = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
 R_MAX = 5.0
@@ -57,10 +61,14 @@ def _case(problem, dtype, kind, num_nodes, num_edges, seed, deterministic, need=
 @emulated_only
 @pytest.mark.parametrize("seed", [0, 2, 5])  # problems with per-edge weights (seed 1 has none)
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_tabulated_walks_equal_the_reference_on_the_table_values(emulated, seed, deterministic):
+@pytest.mark.parametrize("gz_e3nn", [False, True], ids=["gz_gathered", "gz_e3nn"])
+def test_tabulated_walks_equal_the_reference_on_the_table_values(emulated, seed, deterministic, gz_e3nn):
     problem = random_uvu_problem(seed)
-    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):  # several phases, split rows
-        _case(problem, torch.float64, "hub", 9, 77, seed, deterministic)
+    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5), tuning.gz_e3nn(gz_e3nn):
+        _case(problem, torch.float64, "hub", 9, 77, seed, deterministic)  # several phases, split rows
+        gm = module_for(problem, "float64", "backward", "det" if deterministic else "atomic", tabulated=True)
+    gathered = {b.name for b in gm.sequence.buffers} & {"gz_ir_mul"}
+    assert gm.spec.gz_e3nn == gz_e3nn and bool(gathered) == (not gz_e3nn)  # every problem here has l > 0 outputs
 
 
 @emulated_only
@@ -114,6 +122,30 @@ def test_tabulated_spec_is_a_convolution_forward_or_backward():
     assert "w" not in names and "gw_out" not in names and {"coeffs", "lengths", "gr_out", "intervals"} <= set(names)
     assert "st_stream(gwe" not in gm.source and "_tab_" in gm.walk_plan.kernel
     assert any(s.name == "intervals" and s.rule is None for s in gm.sequence.scalars)
+
+
+def test_mace_size_tabulated_backward_allocates_nothing_edge_or_node_sized_beside_its_outputs():
+    """The ASE call's peak memory (issue 18) is the tabulated backward's: its launch sequence allocates its outputs
+    (grad x, the edges' grad y and the lengths' gradient) and, beside them, only rows of x and the deterministic
+    walk's per-warp partials - no per-chunk partials of grad y (num_edges x D_IN2 each) and no gathered copy of
+    grad_z (nodes x D_OUT): the walk reads grad_z in e3nn's columns."""
+    from mlip_accel.codegen.sequence import evaluate
+    from mlip_accel.problem.description import channelwise_problem, describe
+    from mlip_accel.runtime.sequence import scalars_of
+
+    sh = "1x0e+1x1o+1x2e+1x3o"
+    in1, out, ins = channelwise_problem("128x0e+128x1o", sh, "128x0e+128x1o+128x2e+128x3o")  # MACE-MP-0 medium
+    problem = describe(in1, sh, out, ins, shared_weights=False, internal_weights=False)
+    edges, nodes = 1_264_000, 8000
+    for variant in ("det", "atomic"):
+        gm = module_for(problem, "float32", "backward", variant, (True, True, True), tabulated=True)
+        assert gm.spec.gz_e3nn and not gm.spec.chunk_loops
+        scalars = scalars_of(gm.sequence, {"num_edges": edges, "nodes": nodes, "intervals": 1024})
+        sizes = {b.name: math.prod(evaluate(d, scalars) for d in b.shape) for b in gm.sequence.buffers}
+        assert set(sizes) <= {"x_ir_mul", "fixup"}, sizes
+        assert sizes.get("x_ir_mul", 0) == nodes * problem.dim_in1
+        assert sizes.get("fixup", 0) <= math.ceil(edges / 32) * problem.dim_in1
+        assert [t.name for t in gm.sequence.outputs] == ["acc_out", "gy_out", "gr_out"]
 
 
 # --- the autograd function (ops.tabulated_conv): the kernels for forces, the unfused path for the rest ---------

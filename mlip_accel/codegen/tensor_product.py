@@ -68,6 +68,9 @@ class KernelSpec:
     # walk locates each edge's interval and evaluates the cubic of each weight it uses; the backward turns
     # grad W into the lengths' gradient (need[2] then means the lengths). Forward and backward only.
     tabulated: bool = False
+    # the backward walk reads grad_z in e3nn's (mul, 2l+1) columns instead of a gathered (2l+1, mul) copy: no
+    # node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the rows stay in L1)
+    gz_e3nn: bool = False
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -80,6 +83,8 @@ class KernelSpec:
             raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
         if self.tabulated and (self.double or self.variant == "tp" or self.problem.weight_numel == 0):
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
+        if self.gz_e3nn and (self.direction != "backward" or self.variant == "tp"):
+            raise ValueError("gz_e3nn is a convolution backward's option (the walk that reads grad_z by sender)")
         need = tuple(bool(n) for n in self.need)
         if self.direction == "forward":
             need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal
@@ -119,7 +124,8 @@ class KernelSpec:
             c for c, n in zip("xyw", self.need) if n)
         kind = "tp" if self.variant == "tp" else f"conv_{self.variant}"
         tab = "_tab" if self.tabulated else ""
-        return f"mla_{kind}{tab}_{_SHORT[self.direction]}{flags}_{'f32' if self.dtype == 'float32' else 'f64'}"
+        gze = "_gze" if self.gz_e3nn else ""
+        return f"mla_{kind}{tab}_{_SHORT[self.direction]}{flags}{gze}_{'f32' if self.dtype == 'float32' else 'f64'}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +308,7 @@ class _PhaseEmitter:
         self.blocks = chunk_blocks(spec, schedule)[phase_index]
         self.first_block = sum(chunk_blocks(spec, schedule)[:phase_index])
         self.layout = node_layout(spec)
+        self.gz_layout = gz_layout(spec)
         self.seg_index = {(s.irrep, s.chunk): n for n, s in enumerate(self.phase.segments)}
         by_receiver = spec.side == "out"
         self.acc_irreps = self.p.irreps_out if by_receiver else self.p.irreps_in1
@@ -426,7 +433,7 @@ class _PhaseEmitter:
         mul3, l3, _ = self.p.irreps_out[path.i_out]
         off3 = self.p.offsets_out[path.i_out]
         for k in range(2 * l3 + 1):
-            addr = _node_addr("gr", off3, mul3, 2 * l3 + 1, u, k, self.layout)
+            addr = _node_addr("gr", off3, mul3, 2 * l3 + 1, u, k, self.gz_layout)
             L(f"const T g{k} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
 
     def forward_body(self, L: _Lines):
@@ -747,6 +754,12 @@ def node_layout(spec: KernelSpec) -> str:
     return "mul_ir" if spec.variant == "tp" else "ir_mul"
 
 
+def gz_layout(spec: KernelSpec) -> str:
+    """Column layout in which the walk reads grad_z: the node rows' (:func:`node_layout`), or e3nn's where the
+    spec asks (``gz_e3nn``)."""
+    return "mul_ir" if spec.gz_e3nn else node_layout(spec)
+
+
 def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan:
     """The walk's launch contract: its arguments (the order is the kernel's parameter list, written from here),
     which it reads in this variant, the grid (one warp per ``edges_per_warp`` edges, one y-block per phase, or
@@ -785,7 +798,7 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         *operand("x", f"[{rows}, D_IN1] {layout}", ggx),
         *operand("y", "[num_edges, D_IN2] mul_ir", ggy),
         *weights,
-        Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {layout}", optional=by_receiver),
+        Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {gz_layout(spec)}", optional=by_receiver),
         Argument("order", "const long long*", "input", "[num_edges] edge permutation (CSR by key)",
                  optional=not ordered),
         Argument("keys", "const long long*", "input", "[num_edges] row each edge accumulates into",

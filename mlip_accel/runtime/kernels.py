@@ -1,10 +1,10 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
-budget, chunk loops, tabulated) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+budget, chunk loops, tabulated, grad_z's columns) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
-from .tuning import budget_for, chunk_loops_enabled
+from .tuning import budget_for, chunk_loops_enabled, gz_e3nn_enabled
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -20,12 +20,13 @@ def problem_key(problem: TPProblem) -> str:
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
                need=(True, True, True), tabulated: bool = False) -> GeneratedModule:
-    loops = chunk_loops_enabled(problem, direction, dtype, variant)  # a dict lookup and a min over a few irreps
-    budget = budget_for(direction, dtype, problem, loops)
+    loops = chunk_loops_enabled(problem, direction, dtype, variant, tabulated)  # a lookup, a min over a few irreps
+    budget = budget_for(direction, dtype, problem, loops, tabulated)
+    gz_e3nn = gz_e3nn_enabled(direction, tabulated)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated)
+           loops, tabulated, gz_e3nn)
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
-                                                 tabulated))
+                                                 tabulated, gz_e3nn))
     return gm

@@ -34,25 +34,52 @@ CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule belo
 # $MLIP_ACCEL_CHUNK_LOOPS: "1" every walk looped, "0" none (benchmarks' A/B of the rule), unset: the rule
 _ENV_LOOPS = {"1": True, "0": False}.get(os.environ.get("MLIP_ACCEL_CHUNK_LOOPS", ""))
 LOOPS_MIN_CHANNELS = 128
+
+# The tabulated backward (the ASE call's: issue 18's memory target) in one pass, writing nothing beside its outputs
+# but rows of x and the per-warp partials: no chunk loops (looped, each 32-channel chunk writes its own partial of
+# the edges' grad y and lengths' gradient), the budget that holds MACE-MP-0-medium's 512 columns of grad x in one
+# phase (:data:`TABULATED_BUDGET`: at 12, two phases write a partial each), and grad_z read in e3nn's columns
+# (KernelSpec.gz_e3nn: no gathered copy of grad_z). At 8000 atoms that is 344 + 164 MB less alive at the call's
+# peak. $MLIP_ACCEL_TABULATED_ONE_PASS=0 restores the general rules (an A/B; benchmarks/radial_table_notes.md).
+TABULATED_ONE_PASS = os.environ.get("MLIP_ACCEL_TABULATED_ONE_PASS", "1") != "0"
+TABULATED_BUDGET = {("backward", "float32"): 16}
+_GZ_E3NN_OVERRIDE: list[bool] = []
+
+
+def gz_e3nn_enabled(direction: str, tabulated: bool) -> bool:
+    """Whether a walk reads grad_z in e3nn's columns (KernelSpec.gz_e3nn): the tabulated backward."""
+    wanted = _GZ_E3NN_OVERRIDE[-1] if _GZ_E3NN_OVERRIDE else TABULATED_ONE_PASS
+    return wanted and tabulated and direction == "backward"
+
+
+@contextlib.contextmanager
+def gz_e3nn(enabled: bool = True):
+    """Generate the tabulated backward walks reading grad_z in e3nn's columns (or, with False, gathered)."""
+    _GZ_E3NN_OVERRIDE.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _GZ_E3NN_OVERRIDE.pop()
 LOOPS_PAY = {("backward", "float32"), ("double_forward", "float64"), ("double_backward", "float64")}
 LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unrolled: 4 phases for mace-large)
 _CHUNK_LOOPS_OVERRIDE: list[bool] = []
 
 
 def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str | None = None,
-                        variant: str = "det") -> bool:
+                        variant: str = "det", tabulated: bool = False) -> bool:
     """Whether a walk is generated with chunk loops: a test or benchmark override, else ``$MLIP_ACCEL_CHUNK_LOOPS``
     ("0" / "1"), else :data:`CHUNK_LOOPS`, else the measured rule: :data:`LOOPS_PAY`, for a convolution walk
     (the batched tensor product's, variant "tp", were not measured looped) of a problem whose every input irrep
-    has at least :data:`LOOPS_MIN_CHANNELS` channels."""
+    has at least :data:`LOOPS_MIN_CHANNELS` channels, and whose weights are not read from a radial table
+    (:data:`TABULATED_ONE_PASS`)."""
     if _CHUNK_LOOPS_OVERRIDE:
         return _CHUNK_LOOPS_OVERRIDE[-1]
     if _ENV_LOOPS is not None:
         return _ENV_LOOPS
     if CHUNK_LOOPS or problem is None:
         return CHUNK_LOOPS
-    return (variant != "tp" and (direction, dtype) in LOOPS_PAY and bool(problem.irreps_in1)
-            and min(mul for mul, _, _ in problem.irreps_in1) >= LOOPS_MIN_CHANNELS)
+    return (variant != "tp" and not (tabulated and TABULATED_ONE_PASS) and (direction, dtype) in LOOPS_PAY
+            and bool(problem.irreps_in1) and min(mul for mul, _, _ in problem.irreps_in1) >= LOOPS_MIN_CHANNELS)
 
 
 @contextlib.contextmanager
@@ -85,16 +112,18 @@ def small_budgets(enabled: bool = True):
         _SMALL_BUDGETS_OFF.pop()
 
 
-def budget_for(direction: str, dtype: str, problem=None, loops: bool = False) -> int:
+def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, tabulated: bool = False) -> int:
     """Accumulators per lane of a walk: a test override, else the small budget where :data:`SMALL_BUDGET` has one
-    and ``problem``'s schedule grows by at most one phase with it, else :data:`LOOPS_BUDGET` (with chunk loops)
-    or :data:`ACC_BUDGET`."""
+    and ``problem``'s schedule grows by at most one phase with it, else :data:`LOOPS_BUDGET` (with chunk loops),
+    :data:`TABULATED_BUDGET` (a tabulated walk in one pass) or :data:`ACC_BUDGET`."""
     key = _OVERRIDE_KEY[direction]
     if key in _BUDGET_OVERRIDE:
         return _BUDGET_OVERRIDE[key]
     base, small = ACC_BUDGET[(direction, dtype)], SMALL_BUDGET.get((direction, dtype))
     if loops:
         base = LOOPS_BUDGET.get((direction, dtype), base)
+    elif tabulated and TABULATED_ONE_PASS:
+        base = TABULATED_BUDGET.get((direction, dtype), base)
     if small is None or problem is None or (_SMALL_BUDGETS_OFF and _SMALL_BUDGETS_OFF[-1]):
         return base
     from ..codegen.schedule import build_schedule
