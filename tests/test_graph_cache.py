@@ -470,8 +470,10 @@ def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure
         atoms.positions = atoms.positions + rng.uniform(-0.05, 0.05, atoms.positions.shape)
         _calls_agree(calc, plain, atoms)
         assert calc.filled_lists == step and calc.neighbor_list.source == "kernels"
-    # the usual graph at the first call, the one with the list in it at the second
+    # the usual graph at the first call, the one with the list in it at the second, which replaced it (kept, the
+    # usual graph's pool would be held while the new capture's warm-up allocates a step beside it)
     assert graphs.captures == 2 and calc.num_edges < calc.edge_capacity
+    assert [k[0] for k in graphs._graphs] == ["listed"]
     (key, listed), = [(k, g) for k, g in graphs._graphs.items() if k[0] == "listed"]
     # one output: the results and the edge count packed in float64 (one copy to the host, no launch of its own)
     packed = listed.outputs["packed"]
@@ -497,6 +499,7 @@ def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure
         _calls_agree(calc, plain, dense)
         filled += 1
         assert calc.filled_lists == filled and graphs.captures == 4
+        assert [k[0] for k in graphs._graphs] == ["listed", "listed"]  # one per capacity, no usual graph
         _calls_agree(calc, plain, atoms0)  # back: fewer edges than the grown capacity, the same graph
         filled += 1
         assert calc.filled_lists == filled and graphs.captures == 4
