@@ -200,11 +200,14 @@ def test_the_listed_capture_warms_up_with_no_graph_pool_held(monkeypatch):
         atoms.get_forces()
     graphs = calc.evaluator.graphs
     assert graphs.captures == 2 and [k[0] for k in graphs._graphs] == ["listed"]
-    assert len(held) == 2 and held == [0, 0], held  # no pool at the first capture, the usual one released
+    # graph pools of earlier tests may still be held; the usual graph's pool is not among them at the second
+    # capture's warm-up (released: at most a few small segments its outputs kept, where something still holds them)
+    assert len(held) == 2 and held[1] - held[0] < 0.5 * graphs.nbytes, (held, graphs.nbytes)
     report(test="capture_peak_reserved", peak_mib=(torch.cuda.max_memory_reserved() - base) / 2 ** 20,
            graph_mib=graphs.nbytes / 2 ** 20)
 
 
+@pytest.mark.nequip
 def test_graph_cache_is_bounded_and_released():
     calc = default_model_calculator("float32", cuda_graphs=True)
     calc.evaluator.graphs.max_graphs = 2
