@@ -297,3 +297,25 @@ def test_profile_device_md_smoke(capsys):
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["ensemble"] == "nvt" and row["atoms"] == 32 and row["steps_per_s"] > 0
     assert row["gpu_busy_ms_per_step"] is None and row["lists_per_1000"] > 0  # no skin on the CPU: a list per step
+
+
+def test_peak_device_memory_table_and_a_failed_engine(tmp_path, monkeypatch):
+    """scripts/peak_device_memory.py without a GPU: each engine's numbers (here stand-ins for the measuring child
+    process) become one row of the table and the JSON; an engine whose process gave no answer is a row that says
+    so, not a crash."""
+    import peak_device_memory
+
+    def fake(name, cells, calls):
+        if name == "symmetrix":
+            return {"engine": name, "cells": cells, "error": "process ended (1)"}
+        return {"engine": name, "cells": cells, "atoms": 8 * cells ** 3, "calls": calls, "samples": 10,
+                "seconds": 1.0, "baseline_gb": 1.0, "peak_gb": 2.5, "held_after_gb": 2.0,
+                "torch_max_allocated_gb": 1.5, "torch_max_reserved_gb": 2.0, "device": "stand-in"}
+
+    monkeypatch.setattr(peak_device_memory, "measure", fake)
+    peak_device_memory.main(["--cells", "3", "--engines", "graphs", "symmetrix", "--out", str(tmp_path)])
+    text = (tmp_path / "peak_device_memory.md").read_text()
+    assert "| 216 | graphs | 2.500 | 2.000 | 1.500 | 2.000 | 10 |" in text
+    assert "| carbon-3c | symmetrix | process ended (1) |" in text and "stand-in" in text
+    rows = json.loads((tmp_path / "peak_device_memory.json").read_text())
+    assert [r["engine"] for r in rows] == ["graphs", "symmetrix"]
