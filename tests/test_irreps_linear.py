@@ -56,6 +56,25 @@ def test_equals_e3nn_with_first_and_second_derivatives(irreps_in, irreps_out, st
     assert all(rel_err(a, b) <= 1e-13 for a, b in zip(second, second_want))
 
 
+def test_the_input_is_kept_only_for_the_weights_gradient(strategy):
+    """With frozen weights (an evaluation for forces: potentials.base.frozen_parameters) the input is not saved
+    for the backward (it may be a convolution's whole output); the input's gradient is the same either way."""
+    plain, fast = _pair(*PAIRS[0])
+    x = torch.randn(9, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(9, plain.irreps_out.dim, dtype=torch.float64)
+    grads = {}
+    for trainable in (True, False):
+        fast.weight.requires_grad_(trainable)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = fast(x)
+        assert any(t is x or t.data_ptr() == x.data_ptr() for t in saved) == trainable
+        grads[trainable] = torch.autograd.grad(y, x, g)[0]
+    fast.weight.requires_grad_(True)
+    assert torch.equal(grads[True], grads[False])
+    assert rel_err(grads[False], torch.autograd.grad(plain(x), x, g)[0]) <= 1e-14
+
+
 def test_gradcheck_and_gradgradcheck(strategy):
     plain, fast = _pair(*PAIRS[3])
     x = torch.randn(3, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)

@@ -139,6 +139,34 @@ def test_default_model_matches_nequip_and_emt():
     assert default_model.report()["num_parameters"] == sum(p.numel() for p in model.parameters())
 
 
+@pytest.mark.nequip
+def test_evaluations_freeze_the_parameters_only_while_they_run():
+    """An evaluation differentiates by positions only: the model's parameters do not require grad while it runs (so
+    autograd keeps nothing for their gradients), and are trainable again after it, with the same results as the
+    model run with trainable parameters."""
+    from mlip_accel.integrations import default_model
+
+    calc = AcceleratedCalculator.from_file(default_model.MODEL_PATH, device="cpu", backend="reference",
+                                           cuda_graphs=False)
+    model = calc.potential.model
+    assert all(p.requires_grad for p in model.parameters())
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, args: seen.append(any(p.requires_grad for p in m.parameters())))
+    atoms = default_model.structure(repeat=2, rattle=0.1, seed=5)
+    try:
+        frozen = _results(atoms, calc)
+    finally:
+        hook.remove()
+    assert seen and not any(seen)
+    assert all(p.requires_grad for p in model.parameters())
+    trainable = calc.potential.forward(calc.potential.inputs(atoms.positions, atoms.cell.array, atoms.pbc,
+                                                             calc.potential.atom_types(atoms.numbers),
+                                                             calc.neighbor_list(atoms.positions, atoms.cell.array,
+                                                                                atoms.pbc)), stress=False)
+    forces = calc.potential.tensor_outputs(trainable, False)["forces"].detach().numpy()
+    assert np.array_equal(frozen["forces"], forces)
+
+
 @pytest.fixture(scope="module")
 def nequip_saved_models(tmp_path_factory):
     """A checkpoint from one short nequip-train epoch (the NequIP example config, no modifier) and its package."""

@@ -89,7 +89,9 @@ class _LinearMap(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, ws, problem, transpose = inputs
-        ctx.save_for_backward(x, ws)
+        # x serves only the weights' gradient: not kept when the weights need none (an evaluation for forces with
+        # frozen parameters: x may be a convolution's whole output)
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, ws)
         ctx.problem, ctx.transpose = problem, transpose
 
     @staticmethod
