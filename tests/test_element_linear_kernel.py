@@ -165,6 +165,23 @@ def test_the_op_runs_torch_on_the_cpu_and_under_reference():
         ops.element_linear(x, elements, w, "cuda")
 
 
+def test_the_input_is_kept_only_for_the_weights_gradient():
+    """With a frozen weight (an evaluation for forces) the op keeps no reference to its input for the backward;
+    the input's gradient is the same either way."""
+    x, elements, w = _inputs(6, 3, 4, 5, 3, torch.float64, seed=4)
+    x.requires_grad_()
+    g = torch.randn(6, 3, 5, dtype=torch.float64)
+    grads = {}
+    for trainable in (True, False):
+        weight = w.clone().requires_grad_(trainable)
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            y = ops.element_linear(x, elements, weight, "reference")
+        assert any(t.data_ptr() == x.data_ptr() for t in saved) == trainable
+        grads[trainable] = torch.autograd.grad(y, x, g)[0]
+    assert torch.equal(grads[True], grads[False])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_gpu_kernel_equals_torch_path_every_direction(dtype):

@@ -65,7 +65,9 @@ class _ElementLinear(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs[:3])
+        x, elements, weight = inputs[:3]
+        # x serves only the weight's gradient: not kept when the weight needs none (frozen parameters)
+        ctx.save_for_backward(x if ctx.needs_input_grad[2] else None, elements, weight)
         ctx.kernel = inputs[3]
 
     @staticmethod
