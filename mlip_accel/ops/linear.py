@@ -8,9 +8,10 @@ tensor (``narrow``'s backward) and adds them up: per block one fill and one full
 * the path weights are folded into the (small) weight vector once per call (``weight * scale``);
 * each instruction is one matrix product: for a large block a tall one over a transposed copy of its input
   block (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight
-  matrix broadcast over the nodes: no copy); the output blocks are joined by one ``cat``;
-* the backward is the transposed map, built the same way (one ``cat`` for the whole input gradient), and the
-  weight gradient one product per instruction, computed only when asked for.
+  matrix broadcast over the nodes: no copy); each product is written into its slice of the output (joined by
+  one ``cat`` under functorch transforms);
+* the backward is the transposed map, built the same way, and the weight gradient one product per instruction,
+  computed only when asked for.
 
 The transposed map's own backward is the map itself, so every order of derivative works (force training).
 """
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..problem.linear import LinearProblem
+from . import backends
 from .gradients import wanted
 
 
@@ -43,6 +45,12 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
     src, dst = (problem.blocks_out, problem.blocks_in) if transpose else (problem.blocks_in, problem.blocks_out)
     n = x.shape[0]
     blocks = x.split([m * d for m, d in src], dim=-1)
+    # Plain tensors: each product lands in its slice of one output, whereas joining the blocks by a cat kept them
+    # and their join alive together (the backward of MACE's linear after the convolution: 2 x 164 MB at 8000
+    # atoms, the ASE call's peak). functorch's wrapped tensors (MACE's vmap over autograd.grad) take the cat.
+    into = len(dst) > 1 and backends.plain_tensors(x, ws)
+    out = x.new_empty(n, sum(m * d for m, d in dst)) if into else None
+    starts = [sum(m * d for m, d in dst[:i]) for i in range(len(dst))]
     acc: list = [None] * len(dst)
     for ins in problem.instructions:
         i_src, i_dst = (ins.i_out, ins.i_in) if transpose else (ins.i_in, ins.i_out)
@@ -50,15 +58,30 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
         m = w if transpose else w.t()  # [rows of dst block, rows of src block]
         mul_src, d = src[i_src]
         if d == 1:
-            y = blocks[i_src] @ m.t()
+            y = (blocks[i_src] @ m.t()).unsqueeze(-1)
         elif n * mul_src * d < GEMM_MIN_ELEMENTS:  # the weight broadcast over the nodes: batched, on a view
-            y = torch.bmm(m.expand(n, *m.shape), blocks[i_src].reshape(n, mul_src, d)).view(n, -1)
+            y = torch.bmm(m.expand(n, *m.shape), blocks[i_src].reshape(n, mul_src, d))
         else:  # one tall product over (node, component) rows: the block transposed once, the result back once
             rows = blocks[i_src].reshape(n, mul_src, d).transpose(1, 2).reshape(n * d, mul_src)
-            y = (rows @ m.t()).view(n, d, -1).transpose(1, 2).reshape(n, -1)
-        acc[i_dst] = y if acc[i_dst] is None else acc[i_dst] + y
-    out = [a if a is not None else x.new_zeros(n, m * d) for a, (m, d) in zip(acc, dst)]
-    return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+            y = (rows @ m.t()).view(n, d, -1).transpose(1, 2)
+        # y: [n, mul_dst, d]
+        if into:
+            part = out.narrow(1, starts[i_dst], y.shape[1] * d).view(n, y.shape[1], d)
+            if acc[i_dst]:
+                part.add_(y)
+            else:
+                part.copy_(y)
+            acc[i_dst] = True
+        else:
+            y = y.reshape(n, -1)
+            acc[i_dst] = y if acc[i_dst] is None else acc[i_dst] + y
+    if into:
+        for i, (mul, d) in enumerate(dst):
+            if not acc[i]:
+                out.narrow(1, starts[i], mul * d).zero_()
+        return out
+    parts = [a if a is not None else x.new_zeros(n, m * d) for a, (m, d) in zip(acc, dst)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def weight_gradient(problem: LinearProblem, x_in: Tensor, g_out: Tensor) -> Tensor:
