@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The evaluation with frozen parameters on the device machine (potentials.base.frozen_parameters; IrrepsLinear and
-# the skip linear keeping their input only for a weight gradient), from the repository root with .whl/common,
+# the skip linear keeping their input only for a weight gradient; IrrepsLinear without its cat), from the repository root with .whl/common,
 # .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of what it touches, the MACE ASE call against
 # Symmetrix-XL (profile_ase_call.py), peak device memory (peak_device_memory.py) and what is alive at the peak
 # (memory_at_peak.py). Results under $OUT: summary.txt, gpu_tests_*.log, frozen.tgz.
@@ -14,7 +14,7 @@ mkdir -p "$OUT/f"
   test_md_calculator.py test_cuda_graphs.py test_irreps_linear.py') >"$OUT/gpu_tests_nequip.log" 2>&1
 stage gpu_tests_nequip $?
 (cd tests && timeout 150 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-  test_mace_calculator.py test_element_linear_kernel.py test_mace_skip_linear.py test_tabulated_conv.py \
+  test_mace_calculator.py test_element_linear_kernel.py test_mace_skip_linear.py test_tabulated_conv.py test_irreps_linear.py \
   test_mace_radial_table.py') >"$OUT/gpu_tests_mace.log" 2>&1
 stage gpu_tests_mace $?
 tail -n 1 "$OUT"/gpu_tests_*.log
