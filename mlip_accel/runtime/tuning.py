@@ -34,32 +34,6 @@ CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule belo
 # $MLIP_ACCEL_CHUNK_LOOPS: "1" every walk looped, "0" none (benchmarks' A/B of the rule), unset: the rule
 _ENV_LOOPS = {"1": True, "0": False}.get(os.environ.get("MLIP_ACCEL_CHUNK_LOOPS", ""))
 LOOPS_MIN_CHANNELS = 128
-
-# The tabulated backward (the ASE call's: issue 18's memory target) in one pass, writing nothing beside its outputs
-# but rows of x and the per-warp partials: no chunk loops (looped, each 32-channel chunk writes its own partial of
-# the edges' grad y and lengths' gradient), the budget that holds MACE-MP-0-medium's 512 columns of grad x in one
-# phase (:data:`TABULATED_BUDGET`: at 12, two phases write a partial each), and grad_z read in e3nn's columns
-# (KernelSpec.gz_e3nn: no gathered copy of grad_z). At 8000 atoms that is 344 + 164 MB less alive at the call's
-# peak. $MLIP_ACCEL_TABULATED_ONE_PASS=0 restores the general rules (an A/B; benchmarks/radial_table_notes.md).
-TABULATED_ONE_PASS = os.environ.get("MLIP_ACCEL_TABULATED_ONE_PASS", "1") != "0"
-TABULATED_BUDGET = {("backward", "float32"): 16}
-_GZ_E3NN_OVERRIDE: list[bool] = []
-
-
-def gz_e3nn_enabled(direction: str, tabulated: bool) -> bool:
-    """Whether a walk reads grad_z in e3nn's columns (KernelSpec.gz_e3nn): the tabulated backward."""
-    wanted = _GZ_E3NN_OVERRIDE[-1] if _GZ_E3NN_OVERRIDE else TABULATED_ONE_PASS
-    return wanted and tabulated and direction == "backward"
-
-
-@contextlib.contextmanager
-def gz_e3nn(enabled: bool = True):
-    """Generate the tabulated backward walks reading grad_z in e3nn's columns (or, with False, gathered)."""
-    _GZ_E3NN_OVERRIDE.append(bool(enabled))
-    try:
-        yield
-    finally:
-        _GZ_E3NN_OVERRIDE.pop()
 LOOPS_PAY = {("backward", "float32"), ("double_forward", "float64"), ("double_backward", "float64")}
 LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unrolled: 4 phases for mace-large)
 _CHUNK_LOOPS_OVERRIDE: list[bool] = []
@@ -83,13 +57,41 @@ def chunk_loops_enabled(problem=None, direction: str | None = None, dtype: str |
 
 
 @contextlib.contextmanager
-def chunk_loops(enabled: bool = True):
-    """Generate the tensor-product walks with (or without) chunk loops inside the block."""
-    _CHUNK_LOOPS_OVERRIDE.append(bool(enabled))
+def _pushed(stack: list, value):
+    """``value`` on top of the override ``stack`` inside the block (the overrides nest)."""
+    stack.append(value)
     try:
         yield
     finally:
-        _CHUNK_LOOPS_OVERRIDE.pop()
+        stack.pop()
+
+
+def chunk_loops(enabled: bool = True):
+    """Generate the tensor-product walks with (or without) chunk loops inside the block."""
+    return _pushed(_CHUNK_LOOPS_OVERRIDE, bool(enabled))
+
+
+# The tabulated backward (the ASE call's: issue 18's memory target) in one pass, writing nothing beside its outputs
+# but rows of x and the per-warp partials: no chunk loops (looped, each 32-channel chunk writes its own partial of
+# the edges' grad y and lengths' gradient), the budget that holds MACE-MP-0-medium's 512 columns of grad x in one
+# phase (:data:`TABULATED_BUDGET`: at 12, two phases write a partial each), and grad_z read in e3nn's columns
+# (KernelSpec.gz_e3nn: no gathered copy of grad_z). At 8000 atoms that is 344 + 164 MB less alive at the call's
+# peak. $MLIP_ACCEL_TABULATED_ONE_PASS=0 restores the general rules (an A/B; benchmarks/radial_table_notes.md).
+TABULATED_ONE_PASS = os.environ.get("MLIP_ACCEL_TABULATED_ONE_PASS", "1") != "0"
+TABULATED_BUDGET = {("backward", "float32"): 16}
+_GZ_E3NN_OVERRIDE: list[bool] = []
+
+
+def gz_e3nn_enabled(direction: str, tabulated: bool) -> bool:
+    """Whether a walk reads grad_z in e3nn's columns (KernelSpec.gz_e3nn): the tabulated backward."""
+    wanted = _GZ_E3NN_OVERRIDE[-1] if _GZ_E3NN_OVERRIDE else TABULATED_ONE_PASS
+    return wanted and tabulated and direction == "backward"
+
+
+def gz_e3nn(enabled: bool = True):
+    """Generate the tabulated backward walks reading grad_z in e3nn's columns (or, with False, gathered) inside
+    the block."""
+    return _pushed(_GZ_E3NN_OVERRIDE, bool(enabled))
 
 
 # The double backward's walk by sender in fp32, from a sweep on an H100 (benchmarks/double_backward_sweep_h100.md,
@@ -102,14 +104,9 @@ _SMALL_BUDGET_PAYS: dict[tuple, bool] = {}  # (problem key, direction, dtype, ch
 _SMALL_BUDGETS_OFF: list[bool] = []  # benchmarks: the table's budgets only (an A/B of the rule)
 
 
-@contextlib.contextmanager
 def small_budgets(enabled: bool = True):
     """Use (or, with False, ignore) :data:`SMALL_BUDGET` inside the block: an A/B of the rule in one process."""
-    _SMALL_BUDGETS_OFF.append(not enabled)
-    try:
-        yield
-    finally:
-        _SMALL_BUDGETS_OFF.pop()
+    return _pushed(_SMALL_BUDGETS_OFF, not enabled)
 
 
 def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, tabulated: bool = False) -> int:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 
 import numpy as np
@@ -167,7 +166,8 @@ def frozen_parameters(model: torch.nn.Module):
     """The model's trainable parameters made not to require grad for the block, then trainable again. An evaluation
     differentiates by positions (and the cell) only; with trainable parameters autograd keeps, through the whole
     forward pass, every input a parameter's gradient would read (the convolutions' outputs that the next linear
-    layer reads: 0.23 GB at the peak of an 8000-atom MACE-MP-0-medium call), although no pass ever computes it."""
+    layer reads, among others: 0.3 GB at the peak of an 8000-atom MACE-MP-0-medium call), although no pass ever
+    computes it."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.requires_grad_(False)
