@@ -165,6 +165,19 @@ def test_evaluations_freeze_the_parameters_only_while_they_run():
                                                                                 atoms.pbc)), stress=False)
     forces = calc.potential.tensor_outputs(trainable, False)["forces"].detach().numpy()
     assert np.array_equal(frozen["forces"], forces)
+    # a call that fails leaves them trainable too; parameters frozen by their owner stay frozen
+    next(model.parameters()).requires_grad_(False)
+
+    def failing(inputs, stress):
+        raise RuntimeError("out of memory")
+
+    calc.potential.forward = failing
+    with pytest.raises(RuntimeError, match="out of memory"):
+        calc.potential.evaluate(atoms.positions, atoms.cell.array, atoms.pbc,
+                                calc.potential.atom_types(atoms.numbers),
+                                calc.neighbor_list(atoms.positions, atoms.cell.array, atoms.pbc), stress=False)
+    flags = [p.requires_grad for p in model.parameters()]
+    assert flags[0] is False and all(flags[1:])
 
 
 @pytest.fixture(scope="module")
