@@ -165,7 +165,6 @@ def test_failed_capture_runs_eagerly_after_one_warning(monkeypatch):
         assert rel(out["forces"].cpu(), want["forces"].cpu()) <= 1e-12
 
 
-@pytest.mark.nequip
 def _graph_pool_bytes() -> int:
     """Device memory reserved by CUDA graphs' private pools (every segment outside the default pool)."""
     return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
