@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The evaluation with frozen parameters on the device machine (potentials.base.frozen_parameters; IrrepsLinear and
-# the skip linear keeping their input only for a weight gradient; IrrepsLinear without its cat), from the repository root with .whl/common,
-# .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of what it touches, the MACE ASE call against
+# the skip linear keeping their input only for a weight gradient; IrrepsLinear without its cat), from the repository
+# root with .whl/common, .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of what it touches, the MACE ASE call against
 # Symmetrix-XL (profile_ase_call.py), peak device memory (peak_device_memory.py) and what is alive at the peak
 # (memory_at_peak.py). Results under $OUT: summary.txt, gpu_tests_*.log, frozen.tgz.
 #
