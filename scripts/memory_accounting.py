@@ -1,0 +1,225 @@
+#!/usr/bin/env python
+"""Where the device memory of full ASE calls goes (issue 18's memory target), in one process per mode: the
+fixed part (the model, kernel modules, local memory reserved for the kernels' stacks and spills, torch's
+workspaces) and what torch's allocator holds, beside the NVML reading the peak measurement uses.
+
+bench_md's MACE-MP-0-medium-size model, diamond carbon, fp32, mlip_accel's calculator (no skin). The device's
+memory in use (NVML) is read after the CUDA context and the imports (the baseline), after the model is built,
+around each module load and around the first launch of each of our kernels (synchronised: the driver grows
+the context's local-memory reservation to the largest ``local size x resident threads`` a launch needs, and
+keeps it), and after the calls. Each loaded kernel's registers, local and shared bytes are listed; torch's
+allocations alive after the calls are grouped by where they were made. Into
+``--out/memory_accounting_<cells>c_<mode>.md``.
+
+    python scripts/memory_accounting.py --cells 3 10 --modes eager graphs --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing as mp
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+_ATTRS = {"shared": 1, "const": 2, "local": 3, "regs": 4}
+
+
+class _OutsideTorch:
+    """Samples, in a thread, the device memory in use less what torch's allocator reserves; at each new high
+    (by 4 MB or more) keeps the main thread's innermost frames: what grew memory outside torch's allocator
+    (library code and handles, CUDA graphs, module images)."""
+
+    def __init__(self, nvml, baseline: int):
+        import threading
+        import torch
+        self.nvml, self.baseline, self.torch = nvml, baseline, torch
+        self.highs, self.main = [], threading.main_thread().ident
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        import traceback
+        most = 0
+        while not self.stop.is_set():
+            outside = self.nvml.used() - self.baseline - self.torch.cuda.memory_reserved()
+            if outside > most + 4_000_000:
+                frame = sys._current_frames().get(self.main)
+                stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
+                where = " < ".join(f"{f.filename.split('site-packages/')[-1].split('/work/')[-1]}:{f.lineno} {f.name}"
+                                   for f in reversed(stack))
+                self.highs.append((outside, where))
+                most = outside
+            self.stop.wait(0.0002)
+
+    def close(self) -> list:
+        self.stop.set()
+        self.thread.join()
+        return self.highs
+
+
+def _variant(name: str) -> None:
+    """Experiments: "no-check" builds without accelerate's parity probe; "cpu-probe" runs the probe's plain
+    (unaccelerated) model on a CPU copy, the accelerated one on the device."""
+    import copy
+    import functools
+
+    import torch
+
+    import mlip_accel
+    from mlip_accel.patches import mace as mace_patch
+
+    if name == "no-check":
+        mlip_accel.accelerate = functools.partial(mlip_accel.accelerate, check=False)
+    elif name == "cpu-probe":
+        def plain_on_cpu(model, blocks, batch):
+            device = next(model.parameters()).device
+            cpu = {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
+            out = mace_patch.run_probe(copy.deepcopy(model).cpu(), cpu)
+            return {k: v.to(device) for k, v in out.items()}
+        mace_patch._probe_plain = plain_on_cpu
+
+
+def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") -> None:
+    import numpy as np
+    import torch
+    _variant(variant)
+
+    import bench_md
+    from bench_graphs import build_graph
+    from bench_md_sweep import ase_atoms
+    from memory_at_peak import _where
+    from peak_device_memory import _Nvml
+
+    from mlip_accel.integrations.ase import AcceleratedCalculator
+    from mlip_accel.integrations.potentials import potential_from_model
+    from mlip_accel.runtime import executor
+
+    device = torch.device("cuda")
+    torch.zeros(1, device=device)
+    base = bench_md.build_mace(torch.float32)
+    graph = build_graph(f"carbon-{cells}c", device="cpu")
+    pos, cell, pbc, _, _ = bench_md.structure(graph)
+    torch.cuda.synchronize()
+    nvml = _Nvml(torch.cuda.current_device())
+    baseline = nvml.used()
+    loads, launches, names = [], {}, {}
+    load_functions, launch_function = executor.load_functions, executor.launch_function
+
+    def traced_load(source, kernels, index, name="mlip_accel.cu"):
+        torch.cuda.synchronize()
+        before = nvml.used()
+        loaded = load_functions(source, kernels, index, name=name)
+        loads.append((name, nvml.used() - before))
+        names.update({f: k for k, f in loaded.items()})
+        return loaded
+
+    def traced_launch(func, grid, block, params, index):
+        if func in launches or torch.cuda.is_current_stream_capturing():
+            return launch_function(func, grid, block, params, index)
+        torch.cuda.synchronize()
+        before = nvml.used()
+        launch_function(func, grid, block, params, index)
+        torch.cuda.synchronize()
+        launches[func] = (nvml.used() - before, block[0] * block[1] * block[2])
+
+    executor.load_functions, executor.launch_function = traced_load, traced_launch
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    outside = _OutsideTorch(nvml, baseline)
+    model = bench_md.variant("mace", "mlip_accel", base, device)
+    calc = AcceleratedCalculator(potential_from_model(model, device=device), neighbor_skin=0.0,
+                                 cuda_graphs=(mode == "graphs"))
+    torch.cuda.synchronize()
+    after_model = nvml.used() - baseline
+    model_allocated = torch.cuda.memory_allocated()
+    model_reserved = torch.cuda.memory_reserved()
+    atoms = ase_atoms(pos, cell, pbc)
+    atoms.calc = calc
+    rng = np.random.default_rng(0)
+    for _ in range(calls):
+        atoms.positions = pos + rng.uniform(-0.02, 0.02, pos.shape)
+        atoms.get_forces()
+    torch.cuda.synchronize()
+    held = nvml.used() - baseline
+    highs = outside.close()
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    driver, _ = executor._driver_api()
+
+    kernels = []
+    for func, (delta, threads) in launches.items():
+        attrs = {k: driver.funcGetAttribute(a, func) for k, a in _ATTRS.items()}
+        kernels.append((delta, names.get(func, "?"), threads, attrs))
+    kernels.sort(key=lambda k: (-k[0], -k[3]["local"]))
+    alive, blocks = collections.Counter(), []
+    for segment in snapshot["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                alive[_where(block.get("frames", []))] += block["size"]
+                blocks.append((block["size"], str(segment.get("segment_pool_id")), _where(block.get("frames", []))))
+    blocks.sort(key=lambda b: -b[0])
+    stats = torch.cuda.memory_stats()
+    gb = 1e9
+    load_total = sum(d for _, d in loads)
+    launch_total = sum(d for d, *_ in kernels)
+    reserved = torch.cuda.memory_reserved()
+    lines = [f"# Device memory of ASE calls: MACE-MP-0-medium size, carbon-{cells}c ({len(pos)} atoms), fp32, {mode}, "
+             f"variant {variant}, {torch.cuda.get_device_name()}, torch {torch.__version__}", "",
+             "| what | GB |", "|---|---:|",
+             f"| device memory in use after the model was built, less the baseline | {after_model / gb:.3f} |",
+             f"| torch allocated / reserved after the model was built | {model_allocated / gb:.3f} / "
+             f"{model_reserved / gb:.3f} |",
+             f"| device memory in use after {calls} calls, less the baseline | {held / gb:.3f} |",
+             f"| torch reserved after the calls | {reserved / gb:.3f} |",
+             f"| torch allocated after the calls | {torch.cuda.memory_allocated() / gb:.3f} |",
+             f"| torch max allocated / max reserved | {torch.cuda.max_memory_allocated() / gb:.3f} / "
+             f"{torch.cuda.max_memory_reserved() / gb:.3f} |",
+             f"| outside torch (in use less reserved) | {(held - reserved) / gb:.3f} |",
+             f"| of which: our {len(loads)} module loads | {load_total / gb:.3f} |",
+             f"| of which: first launches of our {len(kernels)} kernels (local memory) | {launch_total / gb:.3f} |",
+             f"| torch segments / allocator retries | {stats.get('segment.all.current', 0)} / "
+             f"{stats.get('num_alloc_retries', 0)} |", "",
+             "## Our kernels' first launches, largest growth first", "",
+             "| MB grown | kernel | threads/block | regs | local B | shared B |", "|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {d / 1e6:.1f} | {n} | {t} | {a['regs']} | {a['local']} | {a['shared']} |"
+              for d, n, t, a in kernels[:40]]
+    lines += ["", "## New highs of the memory outside torch's allocator (sampled), with the main thread's frames", "",
+              "| MB | main thread at |", "|---:|---|"]
+    lines += [f"| {o / 1e6:.1f} | {w} |" for o, w in highs]
+    lines += ["", "## Module loads, largest first", "", "| MB | module |", "|---:|---|"]
+    lines += [f"| {d / 1e6:.1f} | {n} |" for n, d in sorted(loads, key=lambda x: -x[1])[:15]]
+    lines += ["", "## torch allocations alive after the calls", "", "| MB | made at |", "|---:|---|"]
+    lines += [f"| {size / 1e6:.1f} | {where} |" for where, size in alive.most_common(30)]
+    lines += ["", "## The 40 largest of them", "", "| MB | pool | made at |", "|---:|---|---|"]
+    lines += [f"| {size / 1e6:.1f} | {pool} | {where} |" for size, pool, where in blocks[:40]]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    tag = "" if variant == "default" else f"_{variant}"
+    with open(os.path.join(out, f"memory_accounting_{cells}c_{mode}{tag}.md"), "w") as f:
+        f.write(text + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, nargs="+", default=[10])
+    parser.add_argument("--modes", nargs="+", choices=["eager", "graphs"], default=["eager", "graphs"])
+    parser.add_argument("--calls", type=int, default=6)
+    parser.add_argument("--variants", nargs="+", choices=["default", "no-check", "cpu-probe"], default=["default"])
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    ctx = mp.get_context("spawn")
+    for cells in args.cells:
+        for mode in args.modes:  # a process each: module loads and torch's caches start fresh
+            for variant in args.variants:
+                proc = ctx.Process(target=_run, args=(cells, mode, args.calls, args.out, variant))
+                proc.start()
+                proc.join(900)
+
+
+if __name__ == "__main__":
+    main()
