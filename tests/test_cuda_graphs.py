@@ -174,7 +174,7 @@ def _graph_pool_bytes() -> int:
 @pytest.mark.nequip
 def test_the_listed_capture_warms_up_with_no_graph_pool_held(monkeypatch):
     """The graph with the neighbour list in it replaces the usual graph of the same size, which is dropped and its
-    pool released before the new capture's eager warm-up: kept, it was held beside the warm-up's whole step of
+    pool released before the new capture's eager warm-up (both warm-ups and captures on one side stream): kept, it was held beside the warm-up's whole step of
     intermediates (MACE at 8000 atoms: 4.4 GB at the peak for a 2.1 GB graph). The peak device memory of the
     calls is reported (benchmarks: scripts/peak_device_memory.py)."""
     import mlip_accel.integrations.cuda_graphs as CG
@@ -188,6 +188,13 @@ def test_the_listed_capture_warms_up_with_no_graph_pool_held(monkeypatch):
 
     monkeypatch.setattr(CG, "warm_up", recording)
     calc = default_model_calculator("float32", cuda_graphs=True)
+    compute, streams = calc.potential.compute, set()
+
+    def on_stream(*args, **kwargs):  # where the warm-ups and captures run
+        if torch.cuda.current_stream() != torch.cuda.default_stream():
+            streams.add(torch.cuda.current_stream().cuda_stream)
+        return compute(*args, **kwargs)
+    monkeypatch.setattr(calc.potential, "compute", on_stream)
     atoms = crystal(6)
     atoms.calc = calc
     torch.cuda.synchronize()
@@ -202,6 +209,10 @@ def test_the_listed_capture_warms_up_with_no_graph_pool_held(monkeypatch):
     # graph pools of earlier tests may still be held; the usual graph's pool is not among them at the second
     # capture's warm-up (released: at most a few small segments its outputs kept, where something still holds them)
     assert len(held) == 2 and held[1] - held[0] < 0.5 * graphs.nbytes, (held, graphs.nbytes)
+    # one side stream for every warm-up and capture (torch keeps two 32 MiB cuBLAS workspaces per stream a
+    # product ran on), and nothing kept of the list made outside the listed graph
+    assert streams == {CG.capture_stream(torch.device("cuda")).cuda_stream}, streams
+    assert calc.evaluator._padded is None and calc.evaluator._tail is None
     report(test="capture_peak_reserved", peak_mib=(torch.cuda.max_memory_reserved() - base) / 2 ** 20,
            graph_mib=graphs.nbytes / 2 ** 20)
 

@@ -68,10 +68,32 @@ _BREAK_EVEN_ANCHORS = {
 }
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device) -> torch.cuda.Stream:
+    """The one side stream of ``device`` that every warm-up and capture of this process runs on. torch keeps a
+    cuBLAS and a cuBLASLt workspace (32 MiB each on Hopper) for every stream a product ever ran on, for the
+    process's lifetime: a fresh side stream per warm-up and torch's own capture stream beside it held six of them
+    after the ASE calculator's two captures (MACE at 8000 atoms); one stream for both holds two."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    stream = _CAPTURE_STREAMS.get(index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    return stream
+
+
+def capturing(graph, pool=None, device=None):
+    """``torch.cuda.graph(graph, pool)`` on :func:`capture_stream` (of the current device by default)."""
+    return torch.cuda.graph(graph, pool=pool, stream=capture_stream(torch.cuda.current_device() if device is None
+                                                                    else device))
+
+
 def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
-    """``calls`` calls of ``step()`` on a side stream, as ``torch.cuda.graph`` asks before a capture (lazy
+    """``calls`` calls of ``step()`` on :func:`capture_stream`, as ``torch.cuda.graph`` asks before a capture (lazy
     initialisation and kernel compilation happen outside the graph); the current stream waits for them."""
-    side = torch.cuda.Stream(device)
+    side = capture_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(calls):
@@ -472,7 +494,7 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         if self.shared_pool and self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool if self.shared_pool else None):
+        with capturing(graph, pool=self._pool if self.shared_pool else None, device=device):
             outputs = step()
         # the graph's pool stays reserved for its replays; where torch cannot say its size, count what the
         # capture left allocated (its outputs and the intermediates it keeps). Shared pool: the entry counts
@@ -641,6 +663,9 @@ class StepEvaluator:
             return None
         capacity = self.capacity.of(group=atoms)
         model_cell, shift = self._padding(cell, _three_flags(pbc))
+        # a list made outside this graph is not read again (a fallback comes with a new list): its padded copy and
+        # the padding go before the graph's first capture needs the memory (MACE at 8000 atoms: ~110 MB of edges)
+        self._padded = self._tail = None
         done = self.graphs.run_listed(listed, model_cell, types, capacity, stress, shift)
         if done is not None:
             self.edge_capacity = capacity
@@ -653,5 +678,5 @@ class StepEvaluator:
 
 
 __all__ = ["AUTO_MAX_EDGES", "DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay",
-           "StepEvaluator", "auto_max_edges", "break_even_edges", "parameter_fingerprint", "resolve_cuda_graphs",
+           "StepEvaluator", "auto_max_edges", "break_even_edges", "capture_stream", "capturing", "parameter_fingerprint", "resolve_cuda_graphs",
            "warm_up"]

@@ -43,6 +43,7 @@ import warnings
 import numpy as np
 import torch
 
+from .cuda_graphs import capturing
 from .errors import InputError
 from .md import (MDResult, MDInterrupted, Progress, degrees_of_freedom, hold_centre_of_mass, raise_if_not_finite,
                  temperature_of, timing_plan)
@@ -279,7 +280,7 @@ class DeviceMD:
             return
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.device(self.device), torch.cuda.graph(graph):
+            with torch.cuda.device(self.device), capturing(graph, device=self.device):
                 run()  # recorded, not run
         except Exception as err:  # an op that cannot be captured: the half-steps run eagerly
             self.graphs = False

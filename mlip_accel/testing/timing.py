@@ -119,11 +119,11 @@ def cuda_graph(fn: Callable[[], object], device, warmup: int = 2) -> tuple:
     """``(graph, output)``: ``fn()`` captured as a CUDA graph on ``device`` after ``warmup`` calls on a side stream
     (lazy initialisation, kernel compilation); ``graph.replay()`` reruns it into ``output``. Replays cost GPU time
     without the host's launch time."""
-    from ..integrations.cuda_graphs import warm_up
+    from ..integrations.cuda_graphs import capturing, warm_up
 
     warm_up(fn, device, warmup)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.device(device), capturing(graph, device=device):
         output = fn()
     return graph, output
 
