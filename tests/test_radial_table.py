@@ -72,6 +72,28 @@ def test_float32_table_is_as_accurate_as_the_network_in_float32():
     assert rel_err(got, exact) <= 4 * max(rel_err(own, exact), 1e-7)
 
 
+def test_accuracy_check_in_chunks_finds_what_one_pass_finds(monkeypatch):
+    """The check's points go in chunks (its temporaries stayed cached in the device's allocator, 0.3-0.5 GB for
+    a MACE-size table): the same table, its errors the maxima over all points (the network's products over fewer
+    rows may round their last bits differently)."""
+    net = _network(_weights(outputs=37))
+    calls = []
+
+    def counted(r):
+        calls.append(r.shape[0])
+        return net(r)
+    monkeypatch.setattr(ops, "CHECK_CHUNK_VALUES", 1 << 30)
+    whole = ops.build_table(counted, R_MAX, torch.float32, "cpu")
+    one_pass = len(calls)
+    calls.clear()
+    monkeypatch.setattr(ops, "CHECK_CHUNK_VALUES", 3 * 37 * 5)  # five intervals' points per chunk
+    chunked = ops.build_table(counted, R_MAX, torch.float32, "cpu")
+    assert len(calls) > one_pass and max(calls) <= max(3 * 5, chunked.intervals + 1)
+    assert chunked.intervals == whole.intervals and torch.equal(chunked.coeffs, whole.coeffs)
+    for name in ("value_error", "derivative_error", "network_value_error", "network_derivative_error"):
+        assert getattr(chunked, name) == pytest.approx(getattr(whole, name), rel=1e-9)
+
+
 def test_float64_and_rough_networks_are_refused_with_the_reason():
     with pytest.raises(ops.TableRefused, match="not enough"):
         ops.build_table(_network(_weights()), R_MAX, torch.float64, "cpu", max_intervals=256)

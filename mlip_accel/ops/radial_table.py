@@ -80,9 +80,33 @@ def _values_and_derivatives(fn: Callable[[Tensor], Tensor], r: Tensor) -> tuple[
         return torch.func.jvp(fn, (r,), (torch.ones_like(r),))
 
 
-def _relative(err: Tensor, scale: Tensor) -> Tensor:
-    """Per output: the largest error over the points relative to that output's scale."""
-    return (err.abs() / scale).amax(0)
+# Values per tensor in one chunk of the accuracy check (8 MB in float64): the check's temporaries, left cached in
+# torch's allocator, once held 0.3-0.5 GB of device memory after a MACE-MP-0-medium-size table was built.
+CHECK_CHUNK_VALUES = 1 << 20
+
+
+def _check_errors(network, coeffs: Tensor, h: float, r_max: float, dtype) -> tuple[Tensor, ...]:
+    """Per output, over the check points of every interval (:data:`_CHECK_T`): the table's and the network's (run
+    in ``dtype``) largest errors in values and d/dr, each relative to that output's largest exact value (float64).
+    The points go in chunks of about :data:`CHECK_CHUNK_VALUES` values per tensor; the maxima are those of the
+    whole set (a largest quotient by a positive per-output scale is the largest error over that scale)."""
+    intervals, n = coeffs.shape[0], coeffs.shape[2]
+    t = torch.tensor(_CHECK_T, dtype=torch.float64, device=coeffs.device)
+    step = max(1, CHECK_CHUNK_VALUES // (len(_CHECK_T) * n))
+    most = torch.zeros(6, n, dtype=torch.float64, device=coeffs.device)  # |table|, |own| (v, d), |exact| (v, d)
+    for start in range(0, intervals, step):
+        first = torch.arange(start, min(start + step, intervals), dtype=torch.float64, device=coeffs.device)
+        points = ((first.unsqueeze(-1) + t) * h).reshape(-1)
+        exact_v, exact_d = _values_and_derivatives(network, points)
+        own_v, own_d = _values_and_derivatives(network, points.to(dtype))
+        table_v = reference.lookup(coeffs, points.to(dtype), r_max)
+        table_d = reference.lookup_derivative(coeffs, points.to(dtype), r_max)
+        for row, (value, exact) in enumerate(((table_v, exact_v), (table_d, exact_d), (own_v, exact_v),
+                                              (own_d, exact_d), (exact_v, None), (exact_d, None))):
+            err = value.double().abs() if exact is None else (value.double() - exact).abs()
+            torch.maximum(most[row], err.amax(0), out=most[row])
+    scale = most[4:].clamp_min(torch.finfo(torch.float64).tiny)
+    return most[0] / scale[0], most[1] / scale[1], most[2] / scale[0], most[3] / scale[1]
 
 
 def _coefficients(network, intervals: int, h: float, device) -> Tensor:
@@ -117,16 +141,7 @@ def build_table(network: Callable[[Tensor], Tensor], r_max: float, dtype: torch.
     while intervals <= max_intervals:
         h = r_max / intervals
         coeffs = _coefficients(network, intervals, h, device).to(dtype)
-        t = torch.tensor(_CHECK_T, dtype=torch.float64, device=device)
-        points = ((torch.arange(intervals, dtype=torch.float64, device=device).unsqueeze(-1) + t) * h).reshape(-1)
-        exact_v, exact_d = _values_and_derivatives(network, points)
-        own_v, own_d = _values_and_derivatives(network, points.to(dtype))
-        table_v = reference.lookup(coeffs, points.to(dtype), r_max)
-        table_d = reference.lookup_derivative(coeffs, points.to(dtype), r_max)
-        scale_v = exact_v.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
-        scale_d = exact_d.abs().amax(0).clamp_min(torch.finfo(torch.float64).tiny)
-        table_v, table_d = _relative(table_v.double() - exact_v, scale_v), _relative(table_d.double() - exact_d, scale_d)
-        own_v, own_d = _relative(own_v.double() - exact_v, scale_v), _relative(own_d.double() - exact_d, scale_d)
+        table_v, table_d, own_v, own_d = _check_errors(network, coeffs, h, r_max, dtype)
         errs = [float(e.max()) for e in (table_v, table_d, own_v, own_d)]
         if not all(math.isfinite(e) for e in errs):
             raise TableRefused("the network is not finite on [0, r_max]")
