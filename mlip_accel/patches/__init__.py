@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+import torch
+
 from ..errors import NotAcceleratable, ParityCheckFailed  # noqa: F401  (public as mlip_accel.*)
 
 # (framework module that must already be imported, adapter module)
@@ -22,8 +24,20 @@ def accelerate(obj, **kwargs):
             continue
         adapter = importlib.import_module(adapter_name)
         if adapter.claims(obj):
-            return adapter.accelerate(obj, **kwargs)
+            try:
+                return adapter.accelerate(obj, **kwargs)
+            finally:
+                release_cached_memory()
     raise NotAcceleratable(
         f"mlip_accel.accelerate does not know how to accelerate a {type(obj).__module__}.{type(obj).__name__}: "
         "it takes a NequIP model (nequip 0.19, or NequIPCalculator) or a MACE model (mace-torch 0.3.16, or "
         "MACECalculator)")
+
+
+def release_cached_memory() -> None:
+    """Give the device memory torch's allocator keeps cached back to the driver, once ``accelerate`` is done: its
+    parity probes (the model run before and after the swap, forces and stress) and the radial tables' builds leave
+    their intermediates cached, where nothing of the user's run may fit them (MACE-MP-0-medium size: 0.34 GB held
+    after ``accelerate`` for 0.16 GB in use). Nothing when CUDA was never initialised in this process."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
