@@ -23,6 +23,7 @@ from . import radial_embedding as mace_radial_embedding
 from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
+from . import virials as mace_virials
 from .conv import MACEFusedConv
 from .probe import probe_batch, run_probe, tolerance
 
@@ -211,6 +212,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
         check_not_inference(model)
     plans = [(_plan(model), mace_symmetric.plan(model), mace_skip.plan(model)) for model in models]
     with swap_transaction() as undo:
+        # process-wide and kept, before the plain probe: its stress call would load the device's LU solver for
+        # torch.linalg.det (~0.1 GB held for good; see the module)
+        mace_virials.install()
         for model, (blocks, products, skips) in zip(models, plans):
             batch = probe_batch(model) if check else None
             reference = _probe_plain(model, blocks, batch) if check else None

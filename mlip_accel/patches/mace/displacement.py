@@ -16,12 +16,12 @@ of mace-torch 0.3.16); under ``torch.compile`` and TorchScript the original runs
 """
 from __future__ import annotations
 
-import inspect
 from typing import Optional, Tuple
 
 import torch
 
 from ...ops.row_gather import gather_rows
+from . import function_swap, virials
 
 PARAMETERS = ("positions", "unit_shifts", "cell", "edge_index", "num_graphs", "batch", "displacement")
 
@@ -53,43 +53,31 @@ def install() -> bool:
     """Swap the function into ``mace.modules.utils`` once; False where MACE's function is not the one this
     replaces (another mace-torch version: left alone, just slower)."""
     global _original
-    from mace.modules import models, utils
-
-    current = utils.get_symmetric_displacement
-    if current is get_symmetric_displacement:
-        return True
-    if tuple(inspect.signature(current).parameters) != PARAMETERS:
+    replaced = function_swap.swap("get_symmetric_displacement", get_symmetric_displacement, PARAMETERS)
+    if replaced is None:
         return False
-    _original = current
-    for module in (utils, models):  # prepare_graph looks it up in utils; EnergyDipolesMACE in models
-        if getattr(module, "get_symmetric_displacement", None) is current:
-            module.get_symmetric_displacement = get_symmetric_displacement
+    if replaced is not get_symmetric_displacement:
+        _original = replaced
     return True
 
 
 def uninstall() -> None:
     """Put MACE's own function back (a benchmark measuring a peer as its framework runs it does this)."""
-    if _original is None:  # never installed (MACE perhaps not even importable): nothing to put back
-        return
-    from mace.modules import models, utils
-
-    for module in (utils, models):
-        if getattr(module, "get_symmetric_displacement", None) is get_symmetric_displacement:
-            module.get_symmetric_displacement = _original
+    function_swap.restore("get_symmetric_displacement", get_symmetric_displacement, _original)
 
 
 def framework_functions(framework: str, impl: str) -> None:
-    """For benchmarks: MACE's functions as ``impl`` runs them: ours for "mlip_accel*", MACE's own otherwise
-    (nothing to do for another framework)."""
+    """For benchmarks: MACE's functions as ``impl`` runs them: ours (this module's and :mod:`.virials`') for
+    "mlip_accel*", MACE's own otherwise (nothing to do for another framework)."""
     if framework != "mace":
         return
     if impl.startswith("mlip_accel"):
         install()
+        virials.install()
     else:
         uninstall()
+        virials.uninstall()
 
 
 def installed() -> bool:
-    from mace.modules import utils
-
-    return utils.get_symmetric_displacement is get_symmetric_displacement
+    return function_swap.installed("get_symmetric_displacement", get_symmetric_displacement)
