@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The fixed-memory cuts of the twelfth session on the device machine (one side stream for every CUDA-graph warm-up
+# and capture, the eager list's padded copy dropped before the listed capture, the radial table's accuracy check in
+# chunks, accelerate giving back what its probes left cached, MACE's virials without torch.linalg.det), from the
+# repository root with .whl/common, .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of what they
+# touch, the MACE ASE call at 216 / 1000 / 8000 atoms against Symmetrix-XL (profile_ase_call.py), peak device
+# memory of both (peak_device_memory.py) and where ours goes (memory_accounting.py). Results under $OUT: summary.txt,
+# gpu_tests_*.log, cuts.tgz.
+#
+#   OUT=/path bash scripts/gpu_check_memory_cuts.sh
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
+gpu_check_start gpu_check_memory_cuts || exit 1
+mkdir -p "$OUT/c"
+(cd tests && timeout 150 bash -c 'py_nequip -m pytest -m "gpu and not mace" -q -rfEs -p no:cacheprovider \
+  test_cuda_graphs.py test_md_calculator.py test_device_md.py test_radial_table.py') >"$OUT/gpu_tests_nequip.log" 2>&1
+stage gpu_tests_nequip $?
+(cd tests && timeout 150 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
+  test_mace_calculator.py test_mace_radial_table.py test_tabulated_conv.py test_cuda_graphs.py test_mace_accelerate.py') \
+  >"$OUT/gpu_tests_mace.log" 2>&1
+stage gpu_tests_mace $?
+tail -n 1 "$OUT"/gpu_tests_*.log
+timeout 130 bash -c "py_mace scripts/profile_ase_call.py --cells 3 5 10 --reps 30 --no-profile --out $OUT/c" 2>&1 \
+  | grep "^|.*ASE call\|^# "
+stage profile_ase_call ${PIPESTATUS[0]}
+timeout 170 bash -c "py_mace scripts/peak_device_memory.py --cells 10 --engines graphs eager symmetrix --out $OUT/c --tag _10c" \
+  2>&1 | grep "^|"
+stage peak_10c ${PIPESTATUS[0]}
+timeout 170 bash -c "py_mace scripts/peak_device_memory.py --cells 3 5 --engines graphs eager symmetrix --out $OUT/c --tag _3c_5c" \
+  2>&1 | grep "^|"
+stage peak_3c_5c ${PIPESTATUS[0]}
+timeout 100 bash -c "py_mace scripts/memory_accounting.py --cells 10 --modes graphs --out $OUT/c" >"$OUT/c/accounting.log" 2>&1
+stage memory_accounting $?
+grep -h "^# \|^| \(device memory\|torch\|outside\)" "$OUT"/c/memory_accounting_*.md
+tar czf "$OUT/cuts.tgz" -C "$OUT" c && rm -rf "${OUT:?}/c"
+cat "$OUT/summary.txt"
+exit $status
