@@ -11,7 +11,7 @@ from mace.modules import utils as mace_utils  # noqa: E402
 
 import mlip_accel  # noqa: E402
 from mlip_accel.ops import row_gather  # noqa: E402
-from mlip_accel.patches.mace import displacement  # noqa: E402
+from mlip_accel.patches.mace import displacement, virials  # noqa: E402
 
 from mace_fixtures import batch_for, emt_structures, tiny_model  # noqa: E402
 
@@ -103,13 +103,15 @@ def test_another_mace_version_is_left_alone(monkeypatch):
 
 def test_a_plain_model_still_scripts_saves_and_loads_after_the_swap():
     """MACE's tools script plain models (``*_compiled.model``, mlip-accel-mace-train's outputs): TorchScript
-    takes the swap's scripting branch (MACE's own function), so scripting, saving and loading still work."""
+    takes the swaps' scripting branches (MACE's own get_symmetric_displacement and compute_forces_virials), so
+    scripting, saving and loading still work."""
     import io
     import warnings
 
     from e3nn.util import jit
 
     displacement.install()
+    virials.install()
     plain = tiny_model(dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -126,15 +128,18 @@ def test_a_plain_model_still_scripts_saves_and_loads_after_the_swap():
 
 
 def test_benchmarks_run_each_peer_with_maces_own_function():
-    """framework_functions: a peer (cueq, oeq, e3nn) is timed with MACE's own function, mlip_accel with ours;
-    another framework is left alone."""
+    """framework_functions: a peer (cueq, oeq, e3nn) is timed with MACE's own functions, mlip_accel with ours
+    (get_symmetric_displacement and compute_forces_virials); another framework is left alone."""
+    swaps = [(displacement, "get_symmetric_displacement"), (virials, "compute_forces_virials")]
     displacement.install()
+    virials.install()
     try:
         displacement.framework_functions("mace", "cueq")
-        assert mace_utils.get_symmetric_displacement is displacement._original
+        assert all(getattr(mace_utils, name) is swap._original for swap, name in swaps)
         displacement.framework_functions("nequip", "mlip_accel")
-        assert mace_utils.get_symmetric_displacement is displacement._original
+        assert all(getattr(mace_utils, name) is swap._original for swap, name in swaps)
         displacement.framework_functions("mace", "mlip_accel+rsort")
-        assert mace_utils.get_symmetric_displacement is displacement.get_symmetric_displacement
+        assert all(getattr(mace_utils, name) is getattr(swap, name) for swap, name in swaps)
     finally:
         displacement.install()
+        virials.install()

@@ -1,11 +1,9 @@
 """MACE's compute_forces_virials swapped for one that takes the cells' volume as a triple product instead of
 torch.linalg.det (mlip_accel.patches.mace.virials: the LU solver's kernels held ~0.1 GB of device memory once
 loaded): MACE's forces and virials bitwise, its stress to the last bits of the volume; installed by accelerate
-before its probe, put back for benchmarks of peers, left alone over another MACE version, scripted models keep
-MACE's own."""
+before its probe, left alone over another MACE version (scripted models keep
+MACE's own, and benchmarks put MACE's back for peers: test_mace_displacement.py covers both swaps)."""
 import copy
-import io
-import warnings
 
 import pytest
 import torch
@@ -15,7 +13,7 @@ pytest.importorskip("mace")
 from mace.modules import utils as mace_utils  # noqa: E402
 
 import mlip_accel  # noqa: E402
-from mlip_accel.patches.mace import displacement, virials  # noqa: E402
+from mlip_accel.patches.mace import virials  # noqa: E402
 
 from mace_fixtures import batch_for, emt_structures, tiny_model  # noqa: E402
 
@@ -94,34 +92,3 @@ def test_another_mace_version_is_left_alone(monkeypatch):
     monkeypatch.setattr(mace_utils, "compute_forces_virials", other)
     assert virials.install() is False
     assert mace_utils.compute_forces_virials is other
-
-
-def test_benchmarks_time_peers_with_maces_own_function():
-    virials.install()
-    try:
-        displacement.framework_functions("mace", "cueq")
-        assert mace_utils.compute_forces_virials is virials._original
-        displacement.framework_functions("mace", "mlip_accel")
-        assert mace_utils.compute_forces_virials is virials.compute_forces_virials
-    finally:
-        virials.install()
-
-
-def test_a_plain_model_still_scripts_saves_and_loads_after_the_swap():
-    """TorchScript takes the swap's scripting branch (MACE's own function)."""
-    from e3nn.util import jit
-
-    virials.install()
-    plain = tiny_model(dtype=torch.float64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        scripted = jit.compile(copy.deepcopy(plain))
-    buffer = io.BytesIO()
-    torch.jit.save(scripted, buffer)
-    buffer.seek(0)
-    loaded = torch.jit.load(buffer)
-    batch = batch_for(plain, emt_structures(2, seed=2))
-    want = plain(dict(batch), compute_stress=True, training=False)
-    got = loaded(dict(batch), compute_stress=True, training=False)
-    for key in ("energy", "forces", "stress"):
-        assert float((got[key] - want[key]).abs().max()) <= 1e-12 * float(want[key].abs().max().clamp_min(1))

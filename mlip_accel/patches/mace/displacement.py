@@ -16,6 +16,7 @@ of mace-torch 0.3.16); under ``torch.compile`` and TorchScript the original runs
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -52,13 +53,8 @@ def get_symmetric_displacement(positions: torch.Tensor, unit_shifts: torch.Tenso
 def install() -> bool:
     """Swap the function into ``mace.modules.utils`` once; False where MACE's function is not the one this
     replaces (another mace-torch version: left alone, just slower)."""
-    global _original
-    replaced = function_swap.swap("get_symmetric_displacement", get_symmetric_displacement, PARAMETERS)
-    if replaced is None:
-        return False
-    if replaced is not get_symmetric_displacement:
-        _original = replaced
-    return True
+    return function_swap.install(sys.modules[__name__], "get_symmetric_displacement", get_symmetric_displacement,
+                                 PARAMETERS)
 
 
 def uninstall() -> None:

@@ -14,6 +14,18 @@ def _modules():
     return {"utils": utils, "models": models}
 
 
+def install(module, name: str, ours: Callable, parameters: tuple) -> bool:
+    """:func:`swap` for the swapping ``module`` (displacement, virials), which keeps MACE's function as its global
+    ``_original`` (the TorchScript branch of ``ours`` calls it by that name); False where MACE's function has other
+    parameters."""
+    replaced = swap(name, ours, parameters)
+    if replaced is None:
+        return False
+    if replaced is not ours:
+        module._original = replaced
+    return True
+
+
 def swap(name: str, ours: Callable, parameters: tuple) -> Optional[Callable]:
     """``ours`` in place of MACE's ``name``; the function it replaced (``ours`` when already installed), or None
     where MACE's function has other parameters (another mace-torch version: left alone)."""

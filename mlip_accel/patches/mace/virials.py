@@ -13,6 +13,7 @@ solver), over mace-torch 0.3.16's signature only; under ``torch.compile`` and To
 """
 from __future__ import annotations
 
+import sys
 from typing import List, Optional, Tuple
 
 import torch
@@ -55,13 +56,7 @@ def compute_forces_virials(energy: torch.Tensor, positions: torch.Tensor, displa
 def install() -> bool:
     """Swap the function into ``mace.modules.utils`` once; False where MACE's function is not the one this
     replaces (another mace-torch version: left alone)."""
-    global _original
-    replaced = function_swap.swap("compute_forces_virials", compute_forces_virials, PARAMETERS)
-    if replaced is None:
-        return False
-    if replaced is not compute_forces_virials:
-        _original = replaced
-    return True
+    return function_swap.install(sys.modules[__name__], "compute_forces_virials", compute_forces_virials, PARAMETERS)
 
 
 def uninstall() -> None:

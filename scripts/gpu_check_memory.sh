@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
-# The fixed-memory cuts of the twelfth session on the device machine (one side stream for every CUDA-graph warm-up
-# and capture, the eager list's padded copy dropped before the listed capture, the radial table's accuracy check in
-# chunks, accelerate giving back what its probes left cached, MACE's virials without torch.linalg.det), from the
-# repository root with .whl/common, .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of what they
-# touch, the MACE ASE call at 216 / 1000 / 8000 atoms against Symmetrix-XL (profile_ase_call.py), peak device
-# memory of both (peak_device_memory.py) and where ours goes (memory_accounting.py). Results under $OUT: summary.txt,
-# gpu_tests_*.log, cuts.tgz.
+# The ASE call's memory and speed on the device machine after a memory change (issue 18), from the repository root
+# with .whl/common, .whl/mace, .whl/nequip and .whl/symmetrix carried: the GPU tests of the paths the memory work
+# touches (CUDA graphs, calculators, radial tables, tabulated walks, accelerate), the MACE ASE call at 216 / 1000 /
+# 8000 atoms against Symmetrix-XL (profile_ase_call.py), peak device memory of both (peak_device_memory.py), where
+# ours goes (memory_accounting.py) and what is alive at the eager peak (memory_at_peak.py). Results under $OUT:
+# summary.txt, gpu_tests_*.log, memory.tgz. (It replaced the eleventh session's gpu_check_frozen.sh.)
 #
-#   OUT=/path bash scripts/gpu_check_memory_cuts.sh
+#   OUT=/path bash scripts/gpu_check_memory.sh
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
-gpu_check_start gpu_check_memory_cuts || exit 1
+gpu_check_start gpu_check_memory || exit 1
 mkdir -p "$OUT/c"
 (cd tests && timeout 150 bash -c 'py_nequip -m pytest -m "gpu and not mace" -q -rfEs -p no:cacheprovider \
   test_cuda_graphs.py test_md_calculator.py test_device_md.py test_radial_table.py') >"$OUT/gpu_tests_nequip.log" 2>&1
@@ -32,6 +31,8 @@ stage peak_3c_5c ${PIPESTATUS[0]}
 timeout 100 bash -c "py_mace scripts/memory_accounting.py --cells 10 --modes graphs --out $OUT/c" >"$OUT/c/accounting.log" 2>&1
 stage memory_accounting $?
 grep -h "^# \|^| \(device memory\|torch\|outside\)" "$OUT"/c/memory_accounting_*.md
-tar czf "$OUT/cuts.tgz" -C "$OUT" c && rm -rf "${OUT:?}/c"
+timeout 70 bash -c "py_mace scripts/memory_at_peak.py --cells 10 --modes eager --top 30 --out $OUT/c" >/dev/null 2>&1
+stage memory_at_peak $?
+tar czf "$OUT/memory.tgz" -C "$OUT" c && rm -rf "${OUT:?}/c"
 cat "$OUT/summary.txt"
 exit $status
