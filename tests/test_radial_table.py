@@ -72,6 +72,20 @@ def test_float32_table_is_as_accurate_as_the_network_in_float32():
     assert rel_err(got, exact) <= 4 * max(rel_err(own, exact), 1e-7)
 
 
+def test_a_table_is_stored_once_in_the_walks_layout():
+    """The walks' [intervals, n, 4] layout is the table's own storage (no second copy of the table: 29 MB for
+    MACE-MP-0-medium); the unfused lookup kernels get the [intervals, 4, n] rows made at their first call."""
+    from mlip_accel.ops.tabulated_conv import packed_coefficients
+
+    table = ops.build_table(_network(_weights()), R_MAX, torch.float32, "cpu")
+    packed = packed_coefficients(table)
+    assert packed.is_contiguous() and packed.data_ptr() == table.coeffs.data_ptr()
+    assert torch.equal(packed.permute(0, 2, 1), table.coeffs)
+    assert "_rows" not in table.__dict__
+    rows = table.rows()
+    assert rows.is_contiguous() and torch.equal(rows, table.coeffs) and table.rows() is rows
+
+
 def test_accuracy_check_in_chunks_finds_what_one_pass_finds(monkeypatch):
     """The check's points go in chunks (its temporaries stayed cached in the device's allocator, 0.3-0.5 GB for
     a MACE-size table): the same table, its errors the maxima over all points (the network's products over fewer

@@ -45,7 +45,10 @@ class TableRefused(ValueError):
 
 @dataclasses.dataclass
 class RadialTable:
-    coeffs: Tensor  # [intervals, 4, n] in the lookup dtype (reference.radial_table)
+    # [intervals, 4, n] in the lookup dtype (reference.radial_table), a view of [intervals, n, 4] storage: the
+    # convolution's walks read a weight's four coefficients side by side (ops.tabulated_conv) from this very
+    # storage, so a table is held once (a second layout kept beside it was 29 MB for MACE-MP-0-medium)
+    coeffs: Tensor
     r_max: float
     value_error: float  # the table's largest relative error at the check points (values)
     derivative_error: float  # the same for d/dr
@@ -59,6 +62,14 @@ class RadialTable:
         if cached is None:
             cached = self.__dict__["_r_max_tensor"] = torch.tensor([self.r_max], dtype=self.coeffs.dtype,
                                                                    device=self.coeffs.device)
+        return cached
+
+    def rows(self) -> Tensor:
+        """``coeffs`` contiguous, as the unfused lookup kernels read it (runtime.radial_table); made at their first
+        call and kept beside the table (the walks, which read the table themselves, never ask)."""
+        cached = self.__dict__.get("_rows")
+        if cached is None:
+            cached = self.__dict__["_rows"] = self.coeffs.contiguous()
         return cached
 
     @property
@@ -140,7 +151,7 @@ def build_table(network: Callable[[Tensor], Tensor], r_max: float, dtype: torch.
     last = None
     while intervals <= max_intervals:
         h = r_max / intervals
-        coeffs = _coefficients(network, intervals, h, device).to(dtype)
+        coeffs = _coefficients(network, intervals, h, device).to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
         table_v, table_d, own_v, own_d = _check_errors(network, coeffs, h, r_max, dtype)
         errs = [float(e.max()) for e in (table_v, table_d, own_v, own_d)]
         if not all(math.isfinite(e) for e in errs):
@@ -223,7 +234,7 @@ class _TableLookup(torch.autograd.Function):
         if kernel:
             # warps take the edges sorted by length: neighbouring warps then read one interval's coefficients
             ctx.order = torch.argsort(lengths)
-            out = _runtime().forward(table.coeffs, table.r_max_tensor, lengths, ctx.order)
+            out = _runtime().forward(table.rows(), table.r_max_tensor, lengths, ctx.order)
         else:
             out = reference.lookup(table.coeffs, lengths, table.r_max)
         ctx.save_for_backward(lengths, *params)
@@ -251,7 +262,7 @@ class _TableLookup(torch.autograd.Function):
         grad_r = None
         if want_r:
             if ctx.kernel and backends.plain_tensors(lengths, grad_out):
-                grad_r = _runtime().backward(table.coeffs, table.r_max_tensor, lengths, ctx.order, grad_out)
+                grad_r = _runtime().backward(table.rows(), table.r_max_tensor, lengths, ctx.order, grad_out)
             else:
                 grad_r = reference.lookup_backward(table.coeffs, lengths, table.r_max, grad_out)
         return (grad_r, None, None, None, *([None] * len(params)))

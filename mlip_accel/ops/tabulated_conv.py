@@ -44,7 +44,8 @@ def tabulated_source(weights) -> tuple | None:
 
 def packed_coefficients(table: RadialTable) -> Tensor:
     """The table's coefficients as the walks read them: ``[intervals, n, 4]`` (a weight's four Horner coefficients
-    side by side: one 16-byte access), made once per table and kept beside it."""
+    side by side: one 16-byte access). A table built by ops.radial_table is stored that way (no copy); another
+    layout is copied once and the copy kept beside the table."""
     cached = table.__dict__.get("_walk_coefficients")
     if cached is None:
         cached = table.coeffs.permute(0, 2, 1).contiguous()
