@@ -25,8 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-_ATTRS = {"shared": 1, "const": 2, "local": 3, "regs": 4}
-
 
 class _OutsideTorch:
     """Samples, in a thread, the device memory in use less what torch's allocator reserves; at each new high
@@ -63,25 +61,14 @@ class _OutsideTorch:
 
 
 def _variant(name: str) -> None:
-    """Experiments: "no-check" builds without accelerate's parity probe; "cpu-probe" runs the probe's plain
-    (unaccelerated) model on a CPU copy, the accelerated one on the device."""
-    import copy
+    """Experiments: "no-check" builds without accelerate's parity probe (the twelfth session's 3-cell runs also
+    had "cpu-probe", the plain model's probe on a CPU copy: memory_accounting_3c_eager_cpu-probe_before_h200.md)."""
     import functools
 
-    import torch
-
     import mlip_accel
-    from mlip_accel.patches import mace as mace_patch
 
     if name == "no-check":
         mlip_accel.accelerate = functools.partial(mlip_accel.accelerate, check=False)
-    elif name == "cpu-probe":
-        def plain_on_cpu(model, blocks, batch):
-            device = next(model.parameters()).device
-            cpu = {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
-            out = mace_patch.run_probe(copy.deepcopy(model).cpu(), cpu)
-            return {k: v.to(device) for k, v in out.items()}
-        mace_patch._probe_plain = plain_on_cpu
 
 
 def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") -> None:
@@ -148,12 +135,10 @@ def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") 
     highs = outside.close()
     snapshot = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
-    driver, _ = executor._driver_api()
 
     kernels = []
     for func, (delta, threads) in launches.items():
-        attrs = {k: driver.funcGetAttribute(a, func) for k, a in _ATTRS.items()}
-        kernels.append((delta, names.get(func, "?"), threads, attrs))
+        kernels.append((delta, names.get(func, "?"), threads, executor.function_attributes(func)))
     kernels.sort(key=lambda k: (-k[0], -k[3]["local"]))
     alive, blocks = collections.Counter(), []
     for segment in snapshot["segments"]:
@@ -208,7 +193,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[10])
     parser.add_argument("--modes", nargs="+", choices=["eager", "graphs"], default=["eager", "graphs"])
     parser.add_argument("--calls", type=int, default=6)
-    parser.add_argument("--variants", nargs="+", choices=["default", "no-check", "cpu-probe"], default=["default"])
+    parser.add_argument("--variants", nargs="+", choices=["default", "no-check"], default=["default"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)

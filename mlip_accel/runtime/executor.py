@@ -135,6 +135,16 @@ def load_functions(source: str, kernels, index: int, name: str = "mlip_accel.cu"
         return {k: driver.moduleGetFunction(handle, k) for k in kernels}
 
 
+FUNCTION_ATTRIBUTES = {"shared": 1, "const": 2, "local": 3, "regs": 4}  # CU_FUNC_ATTRIBUTE_* of the driver API
+
+
+def function_attributes(func: int) -> dict[str, int]:
+    """A loaded function's static shared, constant and local (per thread) bytes and its registers per thread
+    (diagnostics: scripts/memory_accounting.py)."""
+    driver, _ = _driver_api()
+    return {name: driver.funcGetAttribute(code, func) for name, code in FUNCTION_ATTRIBUTES.items()}
+
+
 def launch_function(func: int, grid, block, params, index: int) -> None:
     """Launch a function loaded by :func:`load_functions` for cuda:``index`` on that device's current torch
     stream; ``params`` is a ctypes array of pointers to the arguments. The caller's current device is left
