@@ -71,12 +71,12 @@ _BREAK_EVEN_ANCHORS = {
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def capture_stream(device) -> torch.cuda.Stream:
-    """The one side stream of ``device`` that every warm-up and capture of this process runs on. torch keeps a
-    cuBLAS and a cuBLASLt workspace (32 MiB each on Hopper) for every stream a product ever ran on, for the
-    process's lifetime: a fresh side stream per warm-up and torch's own capture stream beside it held six of them
-    after the ASE calculator's two captures (MACE at 8000 atoms); one stream for both holds two."""
-    index = torch.device(device).index
+def capture_stream(device=None) -> torch.cuda.Stream:
+    """The one side stream of ``device`` (default: the current device) that every warm-up and capture of this
+    process runs on. torch keeps a cuBLAS and a cuBLASLt workspace (32 MiB each on Hopper) for every stream a
+    product ever ran on, for the process's lifetime: a fresh side stream per warm-up and torch's own capture stream
+    beside it held six of them after the ASE calculator's two captures (MACE at 8000 atoms); one stream, two."""
+    index = None if device is None else torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     stream = _CAPTURE_STREAMS.get(index)
     if stream is None:
@@ -86,8 +86,7 @@ def capture_stream(device) -> torch.cuda.Stream:
 
 def capturing(graph, pool=None, device=None):
     """``torch.cuda.graph(graph, pool)`` on :func:`capture_stream` (of the current device by default)."""
-    return torch.cuda.graph(graph, pool=pool, stream=capture_stream(torch.cuda.current_device() if device is None
-                                                                    else device))
+    return torch.cuda.graph(graph, pool=pool, stream=capture_stream(device))
 
 
 def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
@@ -678,5 +677,5 @@ class StepEvaluator:
 
 
 __all__ = ["AUTO_MAX_EDGES", "DEFAULT_AUTO_MAX_EDGES", "DEFAULT_MAX_GRAPH_EDGES", "GraphCache", "Replay",
-           "StepEvaluator", "auto_max_edges", "break_even_edges", "capture_stream", "capturing", "parameter_fingerprint", "resolve_cuda_graphs",
-           "warm_up"]
+           "StepEvaluator", "auto_max_edges", "break_even_edges", "capture_stream", "capturing",
+           "parameter_fingerprint", "resolve_cuda_graphs", "warm_up"]

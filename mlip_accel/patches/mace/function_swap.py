@@ -6,10 +6,8 @@ from __future__ import annotations
 import inspect
 from typing import Callable, Optional
 
-MODULES = ("utils", "models")  # where MACE's code looks the functions up (models imports some by name)
-
-
 def _modules():
+    """Where MACE's code looks the functions up: utils, and models, which imports some of them by name."""
     from mace.modules import models, utils
     return {"utils": utils, "models": models}
 
