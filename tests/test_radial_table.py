@@ -108,6 +108,15 @@ def test_accuracy_check_in_chunks_finds_what_one_pass_finds(monkeypatch):
         assert getattr(chunked, name) == pytest.approx(getattr(whole, name), rel=1e-9)
 
 
+def test_a_network_not_finite_in_one_late_chunk_is_refused(monkeypatch):
+    """A non-finite value in any one chunk of the check refuses the table (the maxima keep a NaN)."""
+    monkeypatch.setattr(ops, "CHECK_CHUNK_VALUES", 3 * 4)  # four intervals' points per chunk
+    net = _network(_weights(outputs=1))
+    late_nan = lambda r: torch.where(r > 0.9 * R_MAX, torch.nan, 1.0).to(r.dtype).unsqueeze(-1) * net(r)  # noqa: E731
+    with pytest.raises(ops.TableRefused, match="not finite"):
+        ops.build_table(late_nan, R_MAX, torch.float32, "cpu")
+
+
 def test_float64_and_rough_networks_are_refused_with_the_reason():
     with pytest.raises(ops.TableRefused, match="not enough"):
         ops.build_table(_network(_weights()), R_MAX, torch.float64, "cpu", max_intervals=256)
