@@ -61,7 +61,8 @@ class _OutsideTorch:
 
 
 def _variant(name: str) -> None:
-    """Experiments: "no-check" builds without accelerate's parity probe (the twelfth session's 3-cell runs also
+    """Experiments: "expandable" runs with torch's expandable segments (set in _run); "no-check" builds without
+    accelerate's parity probe (the twelfth session's 3-cell runs also
     had "cpu-probe", the plain model's probe on a CPU copy: memory_accounting_3c_eager_cpu-probe_before_h200.md)."""
     import functools
 
@@ -72,6 +73,8 @@ def _variant(name: str) -> None:
 
 
 def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") -> None:
+    if variant == "expandable":  # torch's allocator reads its settings at the first allocation
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     import numpy as np
     import torch
     _variant(variant)
@@ -181,11 +184,77 @@ def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") 
     lines += [f"| {size / 1e6:.1f} | {where} |" for where, size in alive.most_common(30)]
     lines += ["", "## The 40 largest of them", "", "| MB | pool | made at |", "|---:|---|---|"]
     lines += [f"| {size / 1e6:.1f} | {pool} | {where} |" for size, pool, where in blocks[:40]]
+    lines += _pools(snapshot)
     text = "\n".join(lines)
     print(text, flush=True)
     tag = "" if variant == "default" else f"_{variant}"
+    _save_trace(snapshot, os.path.join(out, f"allocator_trace_{cells}c_{mode}{tag}.npz"))
     with open(os.path.join(out, f"memory_accounting_{cells}c_{mode}{tag}.md"), "w") as f:
         f.write(text + "\n")
+
+
+def _pools(snapshot) -> list:
+    """Markdown lines: per allocator pool (``(0, 0)``: the default one; a CUDA graph's private pool otherwise) its
+    segments, what is allocated in them and the free blocks between the allocations (fragmentation), and every
+    segment the allocator mapped (``segment_alloc``) with the bytes allocated and reserved at that moment and where
+    the allocation that needed it was made: when and why a pool grew beyond what was alive."""
+    from memory_at_peak import _where
+    pools = collections.defaultdict(lambda: [0, 0, 0, []])  # segments, reserved, allocated, free block sizes
+    for segment in snapshot["segments"]:
+        entry = pools[str(segment.get("segment_pool_id"))]
+        entry[0] += 1
+        entry[1] += segment["total_size"]
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                entry[2] += block["size"]
+            elif block["state"] == "inactive":
+                entry[3].append(block["size"])
+    lines = ["", "## Allocator pools after the calls", "",
+             "| pool | segments | reserved MB | allocated MB | free MB | largest free blocks MB |", "|---|---:|---:|---:|---:|---|"]
+    for pool, (count, reserved, allocated, free) in sorted(pools.items(), key=lambda p: -p[1][1]):
+        largest = ", ".join(f"{b / 1e6:.1f}" for b in sorted(free, reverse=True)[:8])
+        lines.append(f"| {pool} | {count} | {reserved / 1e6:.1f} | {allocated / 1e6:.1f} | {sum(free) / 1e6:.1f} | "
+                     f"{largest} |")
+    traces = snapshot.get("device_traces") or [[]]
+    trace = traces[_device_index()] if len(traces) > 1 else traces[0]
+    live, allocated, reserved, grown = {}, 0, 0, []
+    for event in trace:
+        action, addr, size = event["action"], event["addr"], event["size"]
+        if action == "alloc":
+            live[addr] = size
+            allocated += size
+        elif action in ("free_requested", "free") and addr in live:
+            allocated -= live.pop(addr)
+        elif action in ("segment_alloc", "segment_map"):
+            grown.append((size, allocated, reserved, _where(event.get("frames", []))))
+            reserved += size
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= size
+    lines += ["", "## Segments mapped during the recorded run, in order (allocated / reserved: just before)", "",
+              "| MB mapped | allocated MB | reserved MB | for an allocation made at |", "|---:|---:|---:|---|"]
+    lines += [f"| {s / 1e6:.1f} | {a / 1e6:.1f} | {r / 1e6:.1f} | {w} |" for s, a, r, w in grown[-60:]]
+    return lines
+
+
+TRACE_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                 "segment_unmap")
+
+
+def _save_trace(snapshot, path: str) -> None:
+    """The allocator's trace as arrays (action index into TRACE_ACTIONS, address, size, stream): what an allocator
+    simulation replays offline."""
+    import numpy as np
+    traces = snapshot.get("device_traces") or [[]]
+    trace = [e for e in (traces[_device_index()] if len(traces) > 1 else traces[0]) if e["action"] in TRACE_ACTIONS]
+    np.savez_compressed(path, action=np.array([TRACE_ACTIONS.index(e["action"]) for e in trace], dtype=np.int8),
+                        addr=np.array([e["addr"] for e in trace], dtype=np.int64),
+                        size=np.array([e["size"] for e in trace], dtype=np.int64),
+                        stream=np.array([e.get("stream", 0) for e in trace], dtype=np.int64))
+
+
+def _device_index() -> int:
+    import torch
+    return torch.cuda.current_device()
 
 
 def main(argv=None) -> None:
@@ -193,7 +262,8 @@ def main(argv=None) -> None:
     parser.add_argument("--cells", type=int, nargs="+", default=[10])
     parser.add_argument("--modes", nargs="+", choices=["eager", "graphs"], default=["eager", "graphs"])
     parser.add_argument("--calls", type=int, default=6)
-    parser.add_argument("--variants", nargs="+", choices=["default", "no-check"], default=["default"])
+    parser.add_argument("--variants", nargs="+", default=["default"],
+                        choices=["default", "no-check", "expandable"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
