@@ -189,3 +189,76 @@ def test_the_placeholder_is_nan_and_takes_no_memory():
     assert out.shape == (100_000, 1280) and torch.isnan(out).all()
     assert out.untyped_storage().nbytes() == 4 and getattr(out, TABULATED_WEIGHTS) == ("source",)
     assert not hasattr(out * 2.0, TABULATED_WEIGHTS)  # anything computed from it is NaN, and plain
+
+
+def _basis_calls(model, batch, monkeypatch) -> tuple:
+    """(outputs, how many times the radial features were computed) for one evaluation of ``model``."""
+    from mlip_accel.patches.mace import radial_embedding
+
+    calls, real = [], radial_embedding.radial_basis
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(radial_embedding, "radial_basis", counting)
+    return evaluate(model, batch), len(calls)
+
+
+def test_radial_features_are_not_computed_where_every_block_reads_its_table(monkeypatch):
+    """Every block's MLP reads its table by length: the embedding returns a NaN placeholder of no storage with the
+    lengths instead of the features (51 MB alive through a MACE-MP-0-medium step at 8000 atoms). Exact MLPs, and
+    training (no table), get the features, computed once per call."""
+    from mlip_accel.patches.mace.radial_embedding import FusedRadialEmbedding
+
+    structures = emt_structures(2)
+    tabulated, exact = _accelerated(True), _accelerated(False)
+    assert isinstance(tabulated.radial_embedding, FusedRadialEmbedding)
+    assert tabulated.radial_embedding.readers == tuple(tabulated.interactions)
+    batch = batch_for(exact, structures)
+    want, computed = _basis_calls(exact, batch, monkeypatch)
+    got, lazy = _basis_calls(tabulated, batch, monkeypatch)
+    assert computed == 1 and lazy == 0
+    for key in ("energy", "forces", "stress"):
+        assert rel_err(got[key], want[key]) <= 2e-5, key
+    features = tabulated.radial_embedding(torch.rand(50, 1) + 1.0, None, None, None)[0]
+    assert features.shape == (50, tabulated.radial_embedding.out_dim) and torch.isnan(features).all()
+    assert features.untyped_storage().nbytes() == 4
+    tabulated.train()
+    _, trained = _basis_calls(tabulated, batch, monkeypatch)
+    assert trained == 1
+
+
+def test_a_refused_table_computes_the_features_once_for_all_blocks(monkeypatch):
+    """float64 with radial_table=True: the embedding expects the tables, each MLP's is refused (no table matches
+    float64 rounding), so the first block computes the features from the placeholder's lengths and the second
+    reuses them; the model is the exact one."""
+    import warnings
+
+    structures = emt_structures(1)
+    asked, exact = _accelerated(True, dtype=torch.float64), _accelerated(False, dtype=torch.float64)
+    batch = batch_for(exact, structures)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the refusal's warning (once per process)
+        got, calls = _basis_calls(asked, batch, monkeypatch)
+    want = evaluate(exact, batch)
+    assert all(isinstance(r.tables.entry, ValueError) for r in _radials(asked))
+    assert calls == 1
+    for key in ("energy", "forces", "stress"):
+        assert rel_err(got[key], want[key]) <= 1e-12, key
+
+
+def test_features_are_computed_for_blocks_that_may_read_them_themselves():
+    """Only MACE's own model and block types whose forwards hand the features to ``conv_tp_weights`` alone get
+    the placeholder: a subclass (whose forward may read them, as density blocks do) keeps them computed."""
+    from mlip_accel.patches.mace.radial_embedding import lazy_readers
+
+    model = tiny_model(dtype=torch.float32)
+    assert lazy_readers(model) == tuple(model.interactions)
+    block = model.interactions[1]
+    block.__class__ = type("MyBlock", (type(block),), {})
+    assert lazy_readers(model) == ()
+    assert lazy_readers(torch.nn.Module()) == ()
+    # density blocks read the features beside their MLP (density_fn): accelerated, they keep them computed
+    dense = tiny_model(block="RealAgnosticDensityResidualInteractionBlock", dtype=torch.float32)
+    mlip_accel.accelerate(dense, radial_table=True)
+    assert dense.radial_embedding.readers == ()

@@ -237,6 +237,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             embedding = mace_radial_embedding.replacements(model, backend)  # Bessel x cutoff: two kernels
             mace_radial_embedding.apply(embedding)
             undo.append(lambda embedding=embedding: mace_radial_embedding.undo(embedding))
+            mace_radial_embedding.set_readers(model)  # features not computed where only tables are read
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]

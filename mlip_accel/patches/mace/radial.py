@@ -37,6 +37,10 @@ from .conv import MACEFusedConv
 # lengths, the embedding module). MACE hands those features to every interaction block's radial MLP but not
 # the lengths; a tabulated MLP needs the lengths.
 LENGTHS_ATTRIBUTE = "_mlip_accel_radial_source"
+# Set (True) on features that FusedRadialEmbedding did not compute: a NaN placeholder whose LENGTHS_ATTRIBUTE says
+# how to make them (FoldedRadialMLP does, where it reads them rather than a table)
+LAZY_ATTRIBUTE = "_mlip_accel_radial_lazy"
+_LAZY_BASIS = "_mlip_accel_radial_basis"  # the features once made from a placeholder
 
 
 class _FoldedLayer(torch.nn.Module):
@@ -149,6 +153,14 @@ class FoldedRadialMLP(torch.nn.Sequential):
                                                  (table, lengths.reshape(-1), exact, params))
                 out = table_lookup(table, lengths.reshape(-1), exact, params, self.backend)
                 return out.reshape(*x.shape[:-1], out.shape[-1])
+        if source is not None and getattr(x, LAZY_ATTRIBUTE, False):
+            # the embedding left the features to the MLPs and this one reads them (its table was refused): made
+            # once per call, on the placeholder every block of the call receives
+            basis = getattr(x, _LAZY_BASIS, None)
+            if basis is None:
+                basis = source[1].basis(source[0])
+                setattr(x, _LAZY_BASIS, basis)
+            x = basis
         return self._layers_forward(x)
 
     def _network(self, embedding, r: torch.Tensor) -> torch.Tensor:
@@ -166,7 +178,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
     def _exact(self, embedding, r: torch.Tensor) -> torch.Tensor:
         """The network as the model runs it (differentiable): the table's backward for parameter gradients and
         second derivatives."""
-        return self._layers_forward(embedding(r.unsqueeze(-1), None, None, None)[0])
+        return self._layers_forward(embedding.basis(r.unsqueeze(-1)))
 
     def _table(self, embedding, x: torch.Tensor):
         sources = [embedding.bessel_fn.bessel_weights, embedding.bessel_fn.prefactor, embedding.cutoff_fn.r_max,
