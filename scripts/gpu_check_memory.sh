@@ -15,7 +15,8 @@ mkdir -p "$OUT/c"
   test_cuda_graphs.py test_md_calculator.py test_device_md.py test_radial_table.py') >"$OUT/gpu_tests_nequip.log" 2>&1
 stage gpu_tests_nequip $?
 (cd tests && timeout 150 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-  test_mace_calculator.py test_mace_radial_table.py test_tabulated_conv.py test_cuda_graphs.py test_mace_accelerate.py') \
+  test_mace_calculator.py test_mace_radial_table.py test_mace_radial_embedding.py test_tabulated_conv.py test_cuda_graphs.py \
+  test_mace_accelerate.py') \
   >"$OUT/gpu_tests_mace.log" 2>&1
 stage gpu_tests_mace $?
 tail -n 1 "$OUT"/gpu_tests_*.log
