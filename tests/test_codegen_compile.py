@@ -61,6 +61,11 @@ def compiled():
                     for arch in ARCHS:
                         jobs[(spec["name"], dtype, f"{direction}-{variant}-tab", arch)] = (gm.source, arch,
                                                                                          gm.walk_kernel)
+            sh = _harmonics_of(problem)
+            for direction in ("forward", "backward") if sh is not None and problem.weight_numel else ():
+                gm = module_for(problem, dtype, direction, "det", tabulated=True, harmonics=sh)
+                for arch in ARCHS:
+                    jobs[(spec["name"], dtype, f"{direction}-sh", arch)] = (gm.source, arch, gm.walk_kernel)
             if spec["name"] != GIVEN_PROBLEM:
                 continue
             for direction, variant in FAMILIES:
@@ -78,6 +83,18 @@ def compiled():
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_compile, jobs.values(), chunksize=1)
         return dict(zip(jobs, results))
+
+
+def _harmonics_of(problem):
+    """The harmonics (normalised, component) that are the problem's irreps_in2, or None: a walk that evaluates
+    them itself (KernelSpec.harmonics) applies."""
+    from mlip_accel.codegen.tensor_product import harmonics_mismatch
+    from mlip_accel.problem.spherical_harmonics import SHProblem
+    try:
+        sh = SHProblem(tuple(l for _, l, *_ in problem.irreps_in2), True, "component")
+    except ValueError:
+        return None
+    return None if harmonics_mismatch(problem, sh) else sh
 
 
 def _given_id(given) -> str:
@@ -106,6 +123,19 @@ def test_tabulated_walks_compile_with_nvrtc(compiled, name, dtype, family, arch)
     key = (name, dtype, f"{family}-tab", arch)
     if key not in compiled:
         pytest.skip(f"{name} has no per-edge weights: nothing to tabulate")
+    size, error = compiled[key]
+    assert error is None, error
+    assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", NAMES)
+def test_tabulated_walks_with_harmonics_inside_compile_with_nvrtc(compiled, name, dtype, direction, arch):
+    key = (name, dtype, f"{direction}-sh", arch)
+    if key not in compiled:
+        pytest.skip(f"{name}: irreps_in2 are not spherical harmonics, or no per-edge weights")
     size, error = compiled[key]
     assert error is None, error
     assert size > 0

@@ -48,27 +48,79 @@ def _plans(problem: SHProblem, dtype: str) -> tuple[LaunchPlan, LaunchPlan]:
     return forward, backward
 
 
-def _monomial(powers) -> str:
-    factors = [f"{_AXES[i]}{p}" if p > 1 else _AXES[i] for i, p in enumerate(powers) if p]
+def _monomial(powers, axes=_AXES) -> str:
+    factors = [f"{axes[i]}{p}" if p > 1 else axes[i] for i, p in enumerate(powers) if p]
     return " * ".join(factors)
 
 
-def _polynomial(terms, dtype: str, factor: float = 1.0) -> str:
+def _polynomial(terms, dtype: str, factor: float = 1.0, axes=_AXES) -> str:
     parts = []
     for powers, c in terms:
         lit = hex_literal(c * factor, dtype)
-        mono = _monomial(powers)
+        mono = _monomial(powers, axes)
         parts.append(f"{lit} * {mono}" if mono else lit)
     return " + ".join(parts) if parts else hex_literal(0.0, dtype)
 
 
-def _powers(problem: SHProblem) -> list[str]:
+def _powers(problem: SHProblem, axes=_AXES) -> list[str]:
     """``x2 = x * x`` .. the powers of u the polynomials (and their derivatives) read."""
     lines = []
-    for axis in _AXES:
+    for axis in axes:
         for p in range(2, problem.lmax + 1):
             prev = axis if p == 2 else f"{axis}{p - 1}"
             lines.append(f"  const T {axis}{p} = {prev} * {axis};")
+    return lines
+
+
+# --- the same polynomials inside another kernel (a convolution walk that evaluates the harmonics of its edge) ---
+
+INLINE_AXES = ("hx", "hy", "hz")  # names that no walk variable takes
+
+
+def inline_values(problem: SHProblem, dtype: str, vector: str, used) -> list[str]:
+    """Lines (no indent) that set ``hx, hy, hz`` (u), ``hnrm, hden`` and ``const T y{k}`` for each used column
+    ``k`` of the harmonics of the 3-vector at ``vector`` (a ``const T*``): the forward kernel's arithmetic, the
+    same literals and monomials."""
+    hx, hy, hz = INLINE_AXES
+    lines = [f"T {hx} = ld_keep({vector}), {hy} = ld_keep({vector} + 1), {hz} = ld_keep({vector} + 2);",
+             "T hnrm, hden;"]
+    if problem.normalize:  # as unit_vector() in the template
+        eps = hex_literal(NORMALIZE_EPS, dtype)
+        lines += [f"hnrm = {_SQRT[dtype]}({hx} * {hx} + {hy} * {hy} + {hz} * {hz});",
+                  f"hden = hnrm >= {eps} ? hnrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)",
+                  f"{hx} = {hx} / hden; {hy} = {hy} / hden; {hz} = {hz} / hden;"]
+    else:
+        lines.append("hnrm = hden = T(1);  // normalize=False: the polynomials of r itself")
+    lines += [line.strip() for line in _powers(problem, INLINE_AXES)]
+    comps = problem.components()
+    for k in sorted(set(used)):
+        l, m, scale = comps[k]
+        lines.append(f"const T y{k} = {_polynomial(polynomials(l)[m], dtype, scale, INLINE_AXES)};  // l={l} m={m}")
+    return lines
+
+
+def inline_gradient(problem: SHProblem, dtype: str, grads: dict) -> list[str]:
+    """Lines (no indent) that set ``T gvx, gvy, gvz``: the gradient of ``sum_k grads[k] * Y_k`` with respect to
+    the vector whose ``hx .. hden`` :func:`inline_values` set (``grads``: column -> expression): the backward
+    kernel's arithmetic, linear in the grads (a partial sum of them gives the partial gradient)."""
+    lines = ["T gvx = T(0), gvy = T(0), gvz = T(0);"]
+    comps = problem.components()
+    for k, g in sorted(grads.items()):
+        l, m, scale = comps[k]
+        if l == 0:
+            continue  # a constant: no derivative
+        terms = polynomials(l)[m]
+        for axis, name in zip(range(3), ("gvx", "gvy", "gvz")):
+            d = derivative(terms, axis)
+            if d:
+                lines.append(f"{name} += {g} * ({_polynomial(d, dtype, scale, INLINE_AXES)});")
+    if problem.normalize:
+        lines += ["if (hnrm >= hden) {  // the norm is the denominator: project out the radial part",
+                  "  const T hdot = gvx * hx + gvy * hy + gvz * hz;",
+                  "  gvx = (gvx - hdot * hx) / hnrm; gvy = (gvy - hdot * hy) / hnrm; gvz = (gvz - hdot * hz) / hnrm;",
+                  "} else {  // |r| < eps: u = r / eps",
+                  "  gvx = gvx / hden; gvy = gvy / hden; gvz = gvz / hden;",
+                  "}"]
     return lines
 
 

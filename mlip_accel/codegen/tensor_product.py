@@ -28,7 +28,8 @@ import dataclasses
 import functools
 
 from ..problem import TPProblem, irreps_str
-from . import nonzeros
+from ..problem.spherical_harmonics import SHProblem
+from . import nonzeros, spherical_harmonics
 from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
@@ -71,6 +72,10 @@ class KernelSpec:
     # the backward walk reads grad_z in e3nn's (mul, 2l+1) columns instead of a gathered (2l+1, mul) copy: no
     # node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the rows stay in L1)
     gz_e3nn: bool = False
+    # y is not read: the walk evaluates the harmonics of each edge's vector (``vectors`` [num_edges, 3]) itself, and
+    # the backward returns the vectors' gradient (``gv_out`` [num_edges, 3]) instead of grad y. irreps_in2 must be
+    # exactly these harmonics (1x0e+1x1o+.. in their order). Convolution forward and backward only.
+    harmonics: SHProblem | None = None
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -83,6 +88,10 @@ class KernelSpec:
             raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
         if self.tabulated and (self.double or self.variant == "tp" or self.problem.weight_numel == 0):
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
+        if self.harmonics is not None:
+            reason = harmonics_mismatch(self.problem, self.harmonics)
+            if self.double or self.variant == "tp" or reason:
+                raise ValueError(reason or "harmonics inside the walk: a convolution's forward or backward")
         if self.gz_e3nn and (self.direction != "backward" or self.variant == "tp"):
             raise ValueError("gz_e3nn is a convolution backward's option (the walk that reads grad_z by sender)")
         need = tuple(bool(n) for n in self.need)
@@ -125,7 +134,10 @@ class KernelSpec:
         kind = "tp" if self.variant == "tp" else f"conv_{self.variant}"
         tab = "_tab" if self.tabulated else ""
         gze = "_gze" if self.gz_e3nn else ""
-        return f"mla_{kind}{tab}_{_SHORT[self.direction]}{flags}{gze}_{'f32' if self.dtype == 'float32' else 'f64'}"
+        sh = "" if self.harmonics is None else "_sh" + "".join(map(str, self.harmonics.ls)) + (
+            ("n" if self.harmonics.normalize else "r") + self.harmonics.normalization[0])
+        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}_"
+                f"{'f32' if self.dtype == 'float32' else 'f64'}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,6 +195,16 @@ def unsupported_reason(problem: TPProblem) -> str | None:
             return f"path {n} has multiplicity {mul2} in irreps_in2 (the CUDA kernels unroll at most {MAX_MUL_IN2})"
     if problem.dim_in2 > MAX_DIM_IN2:
         return f"dim(irreps_in2) = {problem.dim_in2} exceeds {MAX_DIM_IN2} (held in registers per edge)"
+    return None
+
+
+def harmonics_mismatch(problem: TPProblem, harmonics: SHProblem) -> str | None:
+    """None when ``problem``'s irreps_in2 are exactly ``harmonics``' output (one irrep of multiplicity 1 per
+    degree, in its order), else why not: what a walk that evaluates the harmonics itself requires."""
+    ls = [l for mul, l, *_ in problem.irreps_in2 if mul == 1]
+    if len(ls) != len(problem.irreps_in2) or tuple(ls) != tuple(harmonics.ls):
+        return (f"irreps_in2 {irreps_str(problem.irreps_in2)} are not the harmonics of degrees {harmonics.ls} "
+                "(one irrep of multiplicity 1 per degree, in order)")
     return None
 
 
@@ -346,11 +368,13 @@ class _PhaseEmitter:
         return f"channels {WARP * seg.chunk}..{WARP * seg.chunk + seg.lanes - 1}"
 
     def gy_base(self) -> str:
-        """Where this block's grad-y partial goes: one partial per block (phase, or phase and chunk)."""
+        """Where this block's grad-y partial goes (with harmonics in the walk: the vectors' gradient): one partial
+        per block (phase, or phase and chunk)."""
+        name, width = ("gy_out", "D_IN2") if self.spec.harmonics is None else ("gv_out", "3")
         if not self.multi_phase:
-            return "gy_out + e * D_IN2"
+            return f"{name} + e * {width}"
         block = "(long long)blockIdx.y" if self.spec.chunk_loops else f"{self.index}LL"
-        return f"gy_out + {block} * num_edges * D_IN2 + e * D_IN2"
+        return f"{name} + {block} * num_edges * {width} + e * {width}"
 
     def segment(self, irrep: int, chunk: int):
         n = self.seg_index[(irrep, chunk)]
@@ -392,9 +416,18 @@ class _PhaseEmitter:
 
     # per-edge bodies
     def load_y(self, L: _Lines):
-        L("const T* ye = y + e * D_IN2;")
-        for j in _used_y(self.p, [path for path, _ in self.work]):
-            L(f"const T y{j} = ld_keep(ye + {j});")
+        used = _used_y(self.p, [path for path, _ in self.work])
+        if self.spec.harmonics is not None:
+            L("// y: the harmonics of the edge's vector, evaluated here (never stored)")
+            L("const T* ve = vectors + 3 * e;")
+            need_grad = self.spec.direction == "backward" and self.spec.need[1]
+            for line in spherical_harmonics.inline_values(
+                    self.spec.harmonics, self.spec.dtype, "ve", range(self.p.dim_in2) if need_grad else used):
+                L(line)
+        else:
+            L("const T* ye = y + e * D_IN2;")
+            for j in used:
+                L(f"const T y{j} = ld_keep(ye + {j});")
         if not self.spec.tabulated:
             L("const T* we = w + e * W_NUMEL;")
             return
@@ -511,7 +544,13 @@ class _PhaseEmitter:
                         if need_y:
                             for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
                                 L(line)
-        if need_y:
+        if need_y and self.spec.harmonics is not None:
+            L("// the vectors' gradient from this lane's grad y (linear in it): three sums over the warp, not D_IN2")
+            for line in spherical_harmonics.inline_gradient(self.spec.harmonics, self.spec.dtype,
+                                                            {j: f"gy{j}" for j in range(self.p.dim_in2)}):
+                L(line)
+            _emit_reduce_scatter(L, ["gvx", "gvy", "gvz"], self.gy_base())
+        elif need_y:
             _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
         if need_w and tab:
             L("// the lengths' gradient: a warp sum (fixed order), d/dt -> d/dr; zero beyond r_max (constant there)")
@@ -794,9 +833,16 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         grad_weights = Argument("gr_out", f"{t}*", "output", "[num_edges]", optional=not need_w)
     else:  # one partial of the lengths' gradient per phase (or phase and chunk), summed in that order
         grad_weights = Argument("gr_out", f"{t}*", "scratch", f"[{num_phases}, num_edges], one partial per phase")
+    harmonics = spec.harmonics is not None
+    if harmonics:  # the walk evaluates y from the edge's vector (KernelSpec.harmonics)
+        y_args = (Argument("vectors", f"const {t}*", "input", "[num_edges, 3], the edges' vectors"),)
+        gy_name, gy_out, gy_parts = "gv_out", "[num_edges, 3], the vectors' gradient", f"[{gy_partials}, num_edges, 3]"
+    else:
+        y_args = operand("y", "[num_edges, D_IN2] mul_ir", ggy)
+        gy_name, gy_out, gy_parts = "gy_out", "[num_edges, D_IN2] mul_ir", f"[{gy_partials}, num_edges, D_IN2] mul_ir"
     args = (
         *operand("x", f"[{rows}, D_IN1] {layout}", ggx),
-        *operand("y", "[num_edges, D_IN2] mul_ir", ggy),
+        *y_args,
         *weights,
         Argument("gz", f"const {t}*", "input", f"[{rows}, D_OUT] {gz_layout(spec)}", optional=by_receiver),
         Argument("order", "const long long*", "input", "[num_edges] edge permutation (CSR by key)",
@@ -807,9 +853,9 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         Argument("acc_out", f"{t}*", "output", f"[{rows}, {acc}] mul_ir", optional=not spec.accumulates),
         Argument("fixup", f"{t}*", "scratch", f"[ceil(num_edges / edges_per_warp), {acc}] first-row partials",
                  optional=not ordered),
-        Argument("gy_out", f"{t}*", "output", "[num_edges, D_IN2] mul_ir", optional=not need_y)
+        Argument(gy_name, f"{t}*", "output", gy_out, optional=not need_y)
         if gy_partials <= 1 else  # one partial per phase, summed in phase order by the launch sequence
-        Argument("gy_out", f"{t}*", "scratch", f"[{gy_partials}, num_edges, D_IN2] mul_ir, one partial per phase"),
+        Argument(gy_name, f"{t}*", "scratch", f"{gy_parts}, one partial per phase"),
         grad_weights,
         Argument("num_edges", "long long", "scalar"),
         Argument("edges_per_warp", "int", "scalar"),

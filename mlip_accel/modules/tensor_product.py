@@ -217,24 +217,39 @@ class TensorProductConv(_TPBase):
 
     def forward_tabulated(self, x: torch.Tensor, y: torch.Tensor, table, lengths: torch.Tensor, exact,
                           params, edge_dst: torch.Tensor, edge_src: torch.Tensor,
-                          graph: EdgeGraph | None = None) -> torch.Tensor:
+                          graph: EdgeGraph | None = None, harmonics=None) -> torch.Tensor:
         """``self(x, y, W, edge_dst, edge_src, graph)`` with ``W = table_lookup(table, lengths, exact, params)``
         (ops.radial_table: a radial network tabulated by edge length; ``exact(lengths)`` the network itself,
         reading ``params``), where the CUDA kernels run read inside the walks: W and grad W are never stored
         (ops.tabulated_conv). Elsewhere (CPU, torch.compile, a problem the kernels do not implement) the lookup
-        and the convolution run one after the other."""
+        and the convolution run one after the other.
+
+        ``harmonics`` (an :class:`~mlip_accel.problem.spherical_harmonics.SHProblem` whose output is
+        irreps_in2): ``y`` is the edges' vectors ``[num_edges, 3]``, whose harmonics the walks evaluate
+        themselves (Y and grad Y never stored); elsewhere ``ops.spherical_harmonics`` makes Y first."""
         from ..ops.radial_table import table_lookup
         from ..ops.tabulated_conv import TabulatedCall, packed_coefficients, tabulated_conv
 
         def unfused(x, y, lengths):
+            if harmonics is not None:
+                from ..ops.spherical_harmonics import spherical_harmonics
+                y = spherical_harmonics(y, harmonics, self.backend)
             return self(x, y, table_lookup(table, lengths, exact, params, self.backend), edge_dst, edge_src,
                         graph=graph)
+
+        if harmonics is not None:
+            from ..codegen.tensor_product import harmonics_mismatch
+            reason = harmonics_mismatch(self.problem, harmonics)
+            if reason:
+                raise ValueError(reason)
+            check_tensor("vectors", y, dim=3, width="3 (the edges' vectors)", dtype=x.dtype, device=x.device,
+                         rows=edge_dst.shape[0], rows_name="num_edges")
 
         if (torch.compiler.is_compiling() or not isinstance(lengths, torch.Tensor) or x.device.type != "cuda"
                 or self.weight_numel == 0 or not backends.plain_tensors(x, y, lengths)
                 or backends.resolve(self.backend, x.device, self.problem) != "cuda"):
             return unfused(x, y, lengths)
-        perm, tperm = self._edge_orders(x, y, None, edge_dst, edge_src, graph)
+        perm, tperm = self._edge_orders(x, y, None, edge_dst, edge_src, graph, vectors=harmonics is not None)
         if lengths.dim() != 1 or lengths.shape[0] != y.shape[0]:
             raise ValueError(f"lengths must have shape (num_edges={y.shape[0]},), got {tuple(lengths.shape)}")
         check_like_x("lengths", lengths, x.dtype, x.device)
@@ -243,12 +258,13 @@ class TensorProductConv(_TPBase):
                              f"does not give this convolution's {self.weight_numel} weights in {x.dtype} on "
                              f"{x.device}")
         packed_coefficients(table)  # made here, not inside a CUDA-graph capture's first backward
-        call = TabulatedCall(self.problem, table, edge_dst.long(), edge_src.long(), perm, tperm, unfused)
+        call = TabulatedCall(self.problem, table, edge_dst.long(), edge_src.long(), perm, tperm, unfused, harmonics)
         return tabulated_conv(call, x, y, lengths.contiguous(), tuple(params))
 
-    def _edge_orders(self, x, y, w, edge_dst, edge_src, graph):
-        """The inputs checked (``w`` None: a tabulated call, no W) and the edge orders the walks follow
-        (``(perm, transpose_perm)``, both None when the sum is atomic)."""
+    def _edge_orders(self, x, y, w, edge_dst, edge_src, graph, vectors: bool = False):
+        """The inputs checked (``w`` None: a tabulated call, no W; ``vectors``: ``y`` holds the edges' vectors,
+        checked by the caller) and the edge orders the walks follow (``(perm, transpose_perm)``, both None when the
+        sum is atomic)."""
         num_nodes = x.shape[0]
         if not torch.compiler.is_compiling():
             for name, index in (("edge_dst", edge_dst), ("edge_src", edge_src)):
@@ -257,9 +273,10 @@ class TensorProductConv(_TPBase):
             if w is None:
                 check_tensor("x", x, dim=self.problem.dim_in1, width=f"irreps_in1={irreps_str(self.problem.irreps_in1)}",
                              rows_name="num_nodes")
-                check_tensor("y", y, dim=self.problem.dim_in2,
-                             width=f"irreps_in2={irreps_str(self.problem.irreps_in2)}", dtype=x.dtype,
-                             device=x.device, rows=edge_dst.shape[0], rows_name="num_edges")
+                if not vectors:
+                    check_tensor("y", y, dim=self.problem.dim_in2,
+                                 width=f"irreps_in2={irreps_str(self.problem.irreps_in2)}", dtype=x.dtype,
+                                 device=x.device, rows=edge_dst.shape[0], rows_name="num_edges")
             else:
                 self._check_inputs(x, y, w, rows=edge_dst.shape[0], rows_name="num_edges", x_rows_name="num_nodes")
             if not self.deterministic:

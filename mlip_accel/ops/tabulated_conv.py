@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..problem import TPProblem
+from ..problem.spherical_harmonics import SHProblem
 from .gradients import wanted
 from .radial_table import RadialTable
 
@@ -68,6 +69,9 @@ class TabulatedCall:
     perm: Tensor | None
     transpose_perm: Tensor | None
     unfused: Callable[[Tensor, Tensor, Tensor], Tensor]
+    # set: the second input is the edges' vectors [num_edges, 3] and the walks evaluate their harmonics (the
+    # problem's irreps_in2) themselves; Y and grad Y are never stored (``unfused`` takes the vectors too)
+    harmonics: SHProblem | None = None
 
 
 def _backend():
@@ -82,7 +86,8 @@ class _TabulatedConv(torch.autograd.Function):
         ctx.save_for_backward(x, y, lengths, *params)
         table = call.table
         return _backend().conv_forward_tabulated(call.problem, x, y, packed_coefficients(table), table.r_max_tensor,
-                                                 lengths, call.edge_dst, call.edge_src, call.perm)
+                                                 lengths, call.edge_dst, call.edge_src, call.perm,
+                                                 harmonics=call.harmonics)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -94,7 +99,10 @@ class _TabulatedConv(torch.autograd.Function):
             # a second derivative to come, or the radial network's parameter gradients: the unfused composition
             create_graph = torch.is_grad_enabled()
             with torch.enable_grad():
-                ins = [t if create_graph else t.detach().requires_grad_(w) for t, w in zip((x, y, lengths), want)]
+                # create_graph: views, graph nodes of their own, so that each gradient counts only the paths
+                # through its own input (the vectors with harmonics inside are an ancestor of the lengths)
+                ins = [t.view_as(t) if create_graph else t.detach().requires_grad_(w)
+                       for t, w in zip((x, y, lengths), want)]
                 out = call.unfused(*ins)
                 chosen = [t for t, w in zip(ins, want) if w] + [p for p, w in zip(params, want_params) if w]
                 grads = list(torch.autograd.grad(out, chosen, grad_out, create_graph=create_graph, allow_unused=True))
@@ -106,12 +114,13 @@ class _TabulatedConv(torch.autograd.Function):
         table = call.table
         grads = _backend().conv_backward_tabulated(call.problem, x, y, packed_coefficients(table), table.r_max_tensor,
                                                    lengths, grad_out.contiguous(), call.edge_dst, call.edge_src,
-                                                   call.transpose_perm, tuple(want))
+                                                   call.transpose_perm, tuple(want), harmonics=call.harmonics)
         return (None, *grads, *([None] * len(params)))
 
 
 def tabulated_conv(call: TabulatedCall, x: Tensor, y: Tensor, lengths: Tensor, params=()) -> Tensor:
     """The convolution of ``call`` with the table read inside the CUDA walks (the caller decided that they run:
     CUDA tensors, a problem the kernels implement, not under torch.compile); ``params``: the radial network's
-    trainable tensors (their gradients come from ``call.unfused``)."""
+    trainable tensors (their gradients come from ``call.unfused``). ``y``: the edges' vectors where
+    ``call.harmonics`` is set."""
     return _TabulatedConv.apply(call, x, y, lengths, *params)

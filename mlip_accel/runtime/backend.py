@@ -19,6 +19,7 @@ import contextlib
 
 import torch
 
+from ..codegen.tensor_product import harmonics_mismatch
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .sequence import once_per_tensor, prepare, run
@@ -102,13 +103,16 @@ def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, trans
 
 
 def conv_forward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, edge_dst, edge_src,
-                           perm=None) -> torch.Tensor:
+                           perm=None, harmonics=None) -> torch.Tensor:
     """:func:`conv_forward` with the weights read from a radial table by edge length inside the walk (never
     stored): ``W[e] = cubic of coeffs[interval of lengths[e]]`` (reference/radial_table.py's lookup, the table
-    repacked ``[intervals, weight_numel, 4]``; ``r_max`` a one-element tensor)."""
+    repacked ``[intervals, weight_numel, 4]``; ``r_max`` a one-element tensor). ``harmonics`` (an
+    :class:`~mlip_accel.problem.spherical_harmonics.SHProblem` whose output is ``irreps_in2``): ``y`` is the edges'
+    vectors ``[num_edges, 3]`` and the walk evaluates their harmonics itself (never stored)."""
     check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, edge_dst=edge_dst, edge_src=edge_src,
                      perm=perm)
-    check_conv(problem, x, y, None, edge_dst, edge_src, ("perm", perm))
+    _check_harmonics(problem, harmonics)
+    check_conv(problem, x, y, None, edge_dst, edge_src, ("perm", perm), vectors=harmonics is not None)
     check_table(problem, coeffs, r_max, lengths, x)
     num_nodes, num_edges = x.shape[0], y.shape[0]
     if lengths.shape[0] != num_edges:
@@ -117,20 +121,23 @@ def conv_forward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, edg
         return x.new_zeros(num_nodes, problem.dim_out)
     with _device_guard(x.device):
         variant = "atomic" if perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, tabulated=True)
-        return _run(gm, {"x": x, "y": y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths, "order": perm,
-                         "keys": edge_dst, "others": edge_src}, num_edges, num_nodes,
+        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, tabulated=True, harmonics=harmonics)
+        return _run(gm, {"x": x, _Y[harmonics is not None]: y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths,
+                         "order": perm, "keys": edge_dst, "others": edge_src}, num_edges, num_nodes,
                     intervals=coeffs.shape[0])["acc_out"]
 
 
 def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, grad_z, edge_dst, edge_src,
-                            transpose_perm=None, need=(True, True, True)):
+                            transpose_perm=None, need=(True, True, True), harmonics=None):
     """:func:`conv_backward` of :func:`conv_forward_tabulated`: (grad x, grad y, grad lengths), each None where
-    ``need`` does not ask for it; grad W is never stored (each lane turns its part into the lengths' gradient)."""
+    ``need`` does not ask for it; grad W is never stored (each lane turns its part into the lengths' gradient).
+    With ``harmonics`` the second is the gradient of the vectors ``y`` (grad Y never stored either)."""
     need = tuple(bool(n) for n in need)
     check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, grad_z=grad_z, edge_dst=edge_dst,
                      edge_src=edge_src, transpose_perm=transpose_perm)
-    check_conv(problem, x, y, None, edge_dst, edge_src, ("transpose_perm", transpose_perm), grad_z)
+    _check_harmonics(problem, harmonics)
+    check_conv(problem, x, y, None, edge_dst, edge_src, ("transpose_perm", transpose_perm), grad_z,
+               vectors=harmonics is not None)
     check_table(problem, coeffs, r_max, lengths, x)
     num_nodes, num_edges = x.shape[0], y.shape[0]
     if lengths.shape[0] != num_edges:
@@ -139,11 +146,22 @@ def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, gr
         return _zeros_like_need(x, y, lengths, need)
     with _device_guard(x.device):
         variant = "atomic" if transpose_perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, tabulated=True)
-        outs = _run(gm, {"x": x, "y": y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths, "gz": grad_z,
-                         "order": transpose_perm, "keys": edge_src, "others": edge_dst}, num_edges, num_nodes,
-                    intervals=coeffs.shape[0])
-    return tuple(outs[name] if n else None for name, n in zip(("acc_out", "gy_out", "gr_out"), need))
+        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, tabulated=True, harmonics=harmonics)
+        outs = _run(gm, {"x": x, _Y[harmonics is not None]: y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths,
+                         "gz": grad_z, "order": transpose_perm, "keys": edge_src, "others": edge_dst}, num_edges,
+                    num_nodes, intervals=coeffs.shape[0])
+    gy = "gv_out" if harmonics is not None else "gy_out"
+    return tuple(outs[name] if n else None for name, n in zip(("acc_out", gy, "gr_out"), need))
+
+
+_Y = {False: "y", True: "vectors"}  # the walk's name for its second input: y, or the vectors of its harmonics
+
+
+def _check_harmonics(problem: TPProblem, harmonics) -> None:
+    if harmonics is not None:
+        reason = harmonics_mismatch(problem, harmonics)
+        if reason:
+            raise ValueError(reason)
 
 
 def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm=None,

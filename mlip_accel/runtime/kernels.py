@@ -19,14 +19,14 @@ def problem_key(problem: TPProblem) -> str:
 
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
-               need=(True, True, True), tabulated: bool = False) -> GeneratedModule:
+               need=(True, True, True), tabulated: bool = False, harmonics=None) -> GeneratedModule:
     loops = chunk_loops_enabled(problem, direction, dtype, variant, tabulated)  # a lookup, a min over a few irreps
     budget = budget_for(direction, dtype, problem, loops, tabulated)
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn)
+           loops, tabulated, gz_e3nn, harmonics)
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
-                                                 tabulated, gz_e3nn))
+                                                 tabulated, gz_e3nn, harmonics))
     return gm

@@ -64,11 +64,13 @@ def check_tp(problem: TPProblem, x, y, w, grad_z=None) -> None:
         _check_float("grad_z", grad_z, rows, problem.dim_out, x)
 
 
-def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, order: tuple[str, object], grad_z=None) -> None:
+def check_conv(problem: TPProblem, x, y, w, edge_dst, edge_src, order: tuple[str, object], grad_z=None,
+               vectors: bool = False) -> None:
     """``order``: (name, the edge order the deterministic walk follows, or None for the atomic one); ``w`` None:
-    a tabulated walk (its table is checked by :func:`check_table`)."""
+    a tabulated walk (its table is checked by :func:`check_table`); ``vectors``: ``y`` holds the edges' vectors
+    (``[num_edges, 3]``) whose harmonics the walk evaluates."""
     _check_float("x", x, None, problem.dim_in1)
-    _check_float("y", y, None, problem.dim_in2, x)
+    _check_float("vectors" if vectors else "y", y, None, 3 if vectors else problem.dim_in2, x)
     num_edges = y.shape[0]
     if w is not None:
         _check_float("w", w, num_edges, problem.weight_numel, x)
