@@ -311,6 +311,9 @@ def test_harmonics_in_the_walk_need_irreps_in2_to_be_them():
         KernelSpec(problem, "float32", "forward", "det", tabulated=True, harmonics=SHProblem((0, 1, 2, 3), True))
     with pytest.raises(ValueError, match="forward or backward"):
         KernelSpec(problem, "float32", "double_backward", "det", harmonics=SHProblem((0, 1, 2), True))
+    pseudo = channelwise("4x0e+4x1o", "1x0e+1x1e")  # l = 1 of even parity: not a harmonic
+    with pytest.raises(ValueError, match="not the harmonics"):
+        KernelSpec(pseudo, "float32", "backward", "det", tabulated=True, harmonics=SHProblem((0, 1), True))
     spec = KernelSpec(problem, "float32", "forward", "det", tabulated=True, harmonics=SHProblem((0, 1, 2), True))
     assert "vectors" in generate(spec).source
 

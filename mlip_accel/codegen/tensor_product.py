@@ -201,10 +201,10 @@ def unsupported_reason(problem: TPProblem) -> str | None:
 def harmonics_mismatch(problem: TPProblem, harmonics: SHProblem) -> str | None:
     """None when ``problem``'s irreps_in2 are exactly ``harmonics``' output (one irrep of multiplicity 1 per
     degree, in its order), else why not: what a walk that evaluates the harmonics itself requires."""
-    ls = [l for mul, l, *_ in problem.irreps_in2 if mul == 1]
+    ls = [l for mul, l, p in problem.irreps_in2 if mul == 1 and p == (-1) ** l]
     if len(ls) != len(problem.irreps_in2) or tuple(ls) != tuple(harmonics.ls):
         return (f"irreps_in2 {irreps_str(problem.irreps_in2)} are not the harmonics of degrees {harmonics.ls} "
-                "(one irrep of multiplicity 1 per degree, in order)")
+                "(one irrep of multiplicity 1 and parity (-1)^l per degree, in order)")
     return None
 
 
@@ -420,9 +420,7 @@ class _PhaseEmitter:
         if self.spec.harmonics is not None:
             L("// y: the harmonics of the edge's vector, evaluated here (never stored)")
             L("const T* ve = vectors + 3 * e;")
-            need_grad = self.spec.direction == "backward" and self.spec.need[1]
-            for line in spherical_harmonics.inline_values(
-                    self.spec.harmonics, self.spec.dtype, "ve", range(self.p.dim_in2) if need_grad else used):
+            for line in spherical_harmonics.inline_values(self.spec.harmonics, self.spec.dtype, "ve", used):
                 L(line)
         else:
             L("const T* ye = y + e * D_IN2;")
