@@ -116,26 +116,15 @@ def test_compiles_with_nvrtc(compiled, name, dtype, family, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("family", [f"{d}-{v}" for d, v in TABULATED])
+@pytest.mark.parametrize("family", [f"{d}-{v}-tab" for d, v in TABULATED] + ["forward-sh", "backward-sh"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", NAMES)
 def test_tabulated_walks_compile_with_nvrtc(compiled, name, dtype, family, arch):
-    key = (name, dtype, f"{family}-tab", arch)
+    """The walks that read a radial table (``-tab``), and those that also evaluate the edge harmonics themselves
+    (``-sh``, KernelSpec.harmonics)."""
+    key = (name, dtype, family, arch)
     if key not in compiled:
-        pytest.skip(f"{name} has no per-edge weights: nothing to tabulate")
-    size, error = compiled[key]
-    assert error is None, error
-    assert size > 0
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("direction", ["forward", "backward"])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", NAMES)
-def test_tabulated_walks_with_harmonics_inside_compile_with_nvrtc(compiled, name, dtype, direction, arch):
-    key = (name, dtype, f"{direction}-sh", arch)
-    if key not in compiled:
-        pytest.skip(f"{name}: irreps_in2 are not spherical harmonics, or no per-edge weights")
+        pytest.skip(f"{name}: no per-edge weights to tabulate, or (-sh) irreps_in2 are not spherical harmonics")
     size, error = compiled[key]
     assert error is None, error
     assert size > 0
