@@ -218,6 +218,8 @@ def test_radial_features_are_not_computed_where_every_block_reads_its_table(monk
     want, computed = _basis_calls(exact, batch, monkeypatch)
     got, lazy = _basis_calls(tabulated, batch, monkeypatch)
     assert computed == 1 and lazy == 0
+    assert "radial features are not computed" in mlip_accel.describe(tabulated).radial_tables
+    assert "radial features" not in mlip_accel.describe(exact).radial_tables
     for key in ("energy", "forces", "stress"):
         assert rel_err(got[key], want[key]) <= 2e-5, key
     features = tabulated.radial_embedding(torch.rand(50, 1) + 1.0, None, None, None)[0]

@@ -238,8 +238,13 @@ def _radial_tables(modules) -> str:
     if not states:
         return ""
     count = sum(states.values())
-    return (f"{count} radial MLP(s), radial_table={'/'.join(options)}: "
+    text = (f"{count} radial MLP(s), radial_table={'/'.join(options)}: "
             + "; ".join(f"{n} {state}" for state, n in states.items()))
+    from ..patches.mace.radial_embedding import FusedRadialEmbedding
+    if options.keys() != {"False"} and any(isinstance(m, FusedRadialEmbedding) and m.readers
+                                           for root in modules for m in root.modules()):
+        text += "; the radial features are not computed in the calls where every block reads its table"
+    return text
 
 
 def _accelerated_layer(name, kind, conv, device) -> Layer:
