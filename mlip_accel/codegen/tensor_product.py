@@ -88,10 +88,9 @@ class KernelSpec:
             raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
         if self.tabulated and (self.double or self.variant == "tp" or self.problem.weight_numel == 0):
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
-        if self.harmonics is not None:
-            reason = harmonics_mismatch(self.problem, self.harmonics)
-            if self.double or self.variant == "tp" or reason:
-                raise ValueError(reason or "harmonics inside the walk: a convolution's forward or backward")
+        check_harmonics(self.problem, self.harmonics)
+        if self.harmonics is not None and (self.double or self.variant == "tp"):
+            raise ValueError("harmonics inside the walk: a convolution's forward or backward")
         if self.gz_e3nn and (self.direction != "backward" or self.variant == "tp"):
             raise ValueError("gz_e3nn is a convolution backward's option (the walk that reads grad_z by sender)")
         need = tuple(bool(n) for n in self.need)
@@ -206,6 +205,13 @@ def harmonics_mismatch(problem: TPProblem, harmonics: SHProblem) -> str | None:
         return (f"irreps_in2 {irreps_str(problem.irreps_in2)} are not the harmonics of degrees {harmonics.ls} "
                 "(one irrep of multiplicity 1 and parity (-1)^l per degree, in order)")
     return None
+
+
+def check_harmonics(problem: TPProblem, harmonics: SHProblem | None) -> None:
+    """ValueError where ``harmonics`` is given and is not ``problem``'s irreps_in2 (:func:`harmonics_mismatch`)."""
+    reason = None if harmonics is None else harmonics_mismatch(problem, harmonics)
+    if reason:
+        raise ValueError(reason)
 
 
 # --- small emission helpers ------------------------------------------------------------------------------

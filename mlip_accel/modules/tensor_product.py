@@ -238,10 +238,8 @@ class TensorProductConv(_TPBase):
                         graph=graph)
 
         if harmonics is not None:
-            from ..codegen.tensor_product import harmonics_mismatch
-            reason = harmonics_mismatch(self.problem, harmonics)
-            if reason:
-                raise ValueError(reason)
+            from ..codegen.tensor_product import check_harmonics
+            check_harmonics(self.problem, harmonics)
             check_tensor("vectors", y, dim=3, width="3 (the edges' vectors)", dtype=x.dtype, device=x.device,
                          rows=edge_dst.shape[0], rows_name="num_edges")
 

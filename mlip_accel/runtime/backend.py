@@ -19,7 +19,7 @@ import contextlib
 
 import torch
 
-from ..codegen.tensor_product import harmonics_mismatch
+from ..codegen.tensor_product import check_harmonics
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .sequence import once_per_tensor, prepare, run
@@ -111,7 +111,7 @@ def conv_forward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, edg
     vectors ``[num_edges, 3]`` and the walk evaluates their harmonics itself (never stored)."""
     check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, edge_dst=edge_dst, edge_src=edge_src,
                      perm=perm)
-    _check_harmonics(problem, harmonics)
+    check_harmonics(problem, harmonics)
     check_conv(problem, x, y, None, edge_dst, edge_src, ("perm", perm), vectors=harmonics is not None)
     check_table(problem, coeffs, r_max, lengths, x)
     num_nodes, num_edges = x.shape[0], y.shape[0]
@@ -135,7 +135,7 @@ def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, gr
     need = tuple(bool(n) for n in need)
     check_one_device(x=x, y=y, coeffs=coeffs, r_max=r_max, lengths=lengths, grad_z=grad_z, edge_dst=edge_dst,
                      edge_src=edge_src, transpose_perm=transpose_perm)
-    _check_harmonics(problem, harmonics)
+    check_harmonics(problem, harmonics)
     check_conv(problem, x, y, None, edge_dst, edge_src, ("transpose_perm", transpose_perm), grad_z,
                vectors=harmonics is not None)
     check_table(problem, coeffs, r_max, lengths, x)
@@ -155,13 +155,6 @@ def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, gr
 
 
 _Y = {False: "y", True: "vectors"}  # the walk's name for its second input: y, or the vectors of its harmonics
-
-
-def _check_harmonics(problem: TPProblem, harmonics) -> None:
-    if harmonics is not None:
-        reason = harmonics_mismatch(problem, harmonics)
-        if reason:
-            raise ValueError(reason)
 
 
 def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edge_dst, edge_src, perm=None,
