@@ -11,6 +11,7 @@ op differentiates its torch formulas then (ops.spherical_harmonics).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from ..problem.spherical_harmonics import NORMALIZE_EPS, SHProblem, derivative, polynomials
@@ -72,30 +73,83 @@ def _powers(problem: SHProblem, axes=_AXES) -> list[str]:
     return lines
 
 
-# --- the same polynomials inside another kernel (a convolution walk that evaluates the harmonics of its edge) ---
+@dataclasses.dataclass(frozen=True)
+class _Names:
+    """The variables the emitted arithmetic uses: u's components (also the prefixes of their powers), the
+    gradient's components, |r|, the denominator and the gradient's radial part."""
 
-INLINE_AXES = ("hx", "hy", "hz")  # names that no walk variable takes
+    axes: tuple = _AXES
+    grads: tuple = ("gx", "gy", "gz")
+    nrm: str = "nrm"
+    den: str = "den"
+    dot: str = "dot"
 
+
+_KERNEL = _Names()
+# inside another kernel (a convolution walk that evaluates the harmonics of its edge): names no walk variable takes
+_INLINE = _Names(("hx", "hy", "hz"), ("gvx", "gvy", "gvz"), "hnrm", "hden", "hdot")
+
+
+def _normalize(problem: SHProblem, dtype: str, n: _Names = _KERNEL) -> list[str]:
+    """u = r / max(|r|, eps) in place (``n.axes`` hold r before), or u = r."""
+    if not problem.normalize:
+        return [f"{n.nrm} = {n.den} = T(1);  // normalize=False: the polynomials of r itself"]
+    x, y, z = n.axes
+    eps = hex_literal(NORMALIZE_EPS, dtype)
+    return [f"{n.nrm} = {_SQRT[dtype]}({x} * {x} + {y} * {y} + {z} * {z});",
+            f"{n.den} = {n.nrm} >= {eps} ? {n.nrm} : {eps};  // torch.nn.functional.normalize's clamp_min(eps)",
+            f"{x} = {x} / {n.den}; {y} = {y} / {n.den}; {z} = {z} / {n.den};"]
+
+
+def _gradient(problem: SHProblem, dtype: str, grads: dict, n: _Names = _KERNEL) -> list[str]:
+    """``n.grads`` += the gradient of ``sum_k grads[k] * Y_k`` with respect to u (``grads``: column -> expression)."""
+    lines = []
+    comps = problem.components()
+    for k, g in sorted(grads.items()):
+        l, m, scale = comps[k]
+        if l == 0:
+            continue  # a constant: no derivative
+        terms = polynomials(l)[m]
+        for axis in range(3):
+            d = derivative(terms, axis)
+            if d:
+                lines.append(f"{n.grads[axis]} += {g} * ({_polynomial(d, dtype, scale, n.axes)});")
+    return lines
+
+
+def _normalize_backward(problem: SHProblem, n: _Names = _KERNEL) -> list[str]:
+    """The gradient with respect to u turned into the one with respect to r (nothing for u = r)."""
+    if not problem.normalize:
+        return []
+    (x, y, z), (gx, gy, gz) = n.axes, n.grads
+    return [f"if ({n.nrm} >= {n.den}) {{  // the norm is the denominator: project out the radial part",
+            f"  const T {n.dot} = {gx} * {x} + {gy} * {y} + {gz} * {z};",
+            f"  {gx} = ({gx} - {n.dot} * {x}) / {n.nrm}; {gy} = ({gy} - {n.dot} * {y}) / {n.nrm}; "
+            f"{gz} = ({gz} - {n.dot} * {z}) / {n.nrm};",
+            "} else {  // |r| < eps: u = r / eps",
+            f"  {gx} = {gx} / {n.den}; {gy} = {gy} / {n.den}; {gz} = {gz} / {n.den};",
+            "}"]
+
+
+def _indented(lines: list[str]) -> str:
+    return "\n".join("  " + line for line in lines)
+
+
+# --- the same arithmetic inside another kernel (a convolution walk that evaluates the harmonics of its edge) ---
 
 def inline_values(problem: SHProblem, dtype: str, vector: str, used) -> list[str]:
     """Lines (no indent) that set ``hx, hy, hz`` (u), ``hnrm, hden`` and ``const T y{k}`` for each used column
-    ``k`` of the harmonics of the 3-vector at ``vector`` (a ``const T*``): the forward kernel's arithmetic, the
+    ``k`` of the harmonics of the 3-vector at ``vector`` (a ``const T*``): the harmonics kernels' arithmetic, the
     same literals and monomials."""
-    hx, hy, hz = INLINE_AXES
+    hx, hy, hz = _INLINE.axes
     lines = [f"T {hx} = ld_keep({vector}), {hy} = ld_keep({vector} + 1), {hz} = ld_keep({vector} + 2);",
-             "T hnrm, hden;"]
-    if problem.normalize:  # as unit_vector() in the template
-        eps = hex_literal(NORMALIZE_EPS, dtype)
-        lines += [f"hnrm = {_SQRT[dtype]}({hx} * {hx} + {hy} * {hy} + {hz} * {hz});",
-                  f"hden = hnrm >= {eps} ? hnrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)",
-                  f"{hx} = {hx} / hden; {hy} = {hy} / hden; {hz} = {hz} / hden;"]
-    else:
-        lines.append("hnrm = hden = T(1);  // normalize=False: the polynomials of r itself")
-    lines += [line.strip() for line in _powers(problem, INLINE_AXES)]
+             f"T {_INLINE.nrm}, {_INLINE.den};"]
+    lines += _normalize(problem, dtype, _INLINE)
+    lines += [line.strip() for line in _powers(problem, _INLINE.axes)]
     comps = problem.components()
     for k in sorted(set(used)):
         l, m, scale = comps[k]
-        lines.append(f"const T y{k} = {_polynomial(polynomials(l)[m], dtype, scale, INLINE_AXES)};  // l={l} m={m}")
+        lines.append(f"const T y{k} = {_polynomial(polynomials(l)[m], dtype, scale, _INLINE.axes)};  // l={l} m={m}")
     return lines
 
 
@@ -103,45 +157,8 @@ def inline_gradient(problem: SHProblem, dtype: str, grads: dict) -> list[str]:
     """Lines (no indent) that set ``T gvx, gvy, gvz``: the gradient of ``sum_k grads[k] * Y_k`` with respect to
     the vector whose ``hx .. hden`` :func:`inline_values` set (``grads``: column -> expression): the backward
     kernel's arithmetic, linear in the grads (a partial sum of them gives the partial gradient)."""
-    lines = ["T gvx = T(0), gvy = T(0), gvz = T(0);"]
-    comps = problem.components()
-    for k, g in sorted(grads.items()):
-        l, m, scale = comps[k]
-        if l == 0:
-            continue  # a constant: no derivative
-        terms = polynomials(l)[m]
-        for axis, name in zip(range(3), ("gvx", "gvy", "gvz")):
-            d = derivative(terms, axis)
-            if d:
-                lines.append(f"{name} += {g} * ({_polynomial(d, dtype, scale, INLINE_AXES)});")
-    if problem.normalize:
-        lines += ["if (hnrm >= hden) {  // the norm is the denominator: project out the radial part",
-                  "  const T hdot = gvx * hx + gvy * hy + gvz * hz;",
-                  "  gvx = (gvx - hdot * hx) / hnrm; gvy = (gvy - hdot * hy) / hnrm; gvz = (gvz - hdot * hz) / hnrm;",
-                  "} else {  // |r| < eps: u = r / eps",
-                  "  gvx = gvx / hden; gvy = gvy / hden; gvz = gvz / hden;",
-                  "}"]
-    return lines
-
-
-def _normalize(problem: SHProblem, dtype: str) -> str:
-    if not problem.normalize:
-        return "  nrm = den = T(1);  // normalize=False: the polynomials of r itself"
-    eps = hex_literal(NORMALIZE_EPS, dtype)
-    return (f"  nrm = {_SQRT[dtype]}(x * x + y * y + z * z);\n"
-            f"  den = nrm >= {eps} ? nrm : {eps};  // torch.nn.functional.normalize's clamp_min(eps)\n"
-            "  x = x / den; y = y / den; z = z / den;")
-
-
-def _normalize_backward(problem: SHProblem) -> str:
-    if not problem.normalize:
-        return ""
-    return ("  if (nrm >= den) {  // the norm is the denominator: project out the radial part\n"
-            "    const T dot = gx * x + gy * y + gz * z;\n"
-            "    gx = (gx - dot * x) / nrm; gy = (gy - dot * y) / nrm; gz = (gz - dot * z) / nrm;\n"
-            "  } else {  // |r| < eps: u = r / eps\n"
-            "    gx = gx / den; gy = gy / den; gz = gz / den;\n"
-            "  }")
+    return ([f"T {', '.join(f'{g} = T(0)' for g in _INLINE.grads)};"] + _gradient(problem, dtype, grads, _INLINE)
+            + _normalize_backward(problem, _INLINE))
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,22 +167,15 @@ def sh_program(problem: SHProblem, dtype: str) -> Program:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     forward, backward = _plans(problem, dtype)
-    values, gradients = [], []
-    for k, (l, m, scale) in enumerate(problem.components()):
-        terms = polynomials(l)[m]
-        values.append(f"  o[{k}] = {_polynomial(terms, dtype, scale)};  // l={l} m={m}")
-        if l == 0:
-            continue  # a constant: no derivative
-        g = f"g[{k}]"
-        for axis in range(3):
-            d = derivative(terms, axis)
-            if d:
-                gradients.append(f"  g{_AXES[axis]} += {g} * ({_polynomial(d, dtype, scale)});")
+    values = [f"  o[{k}] = {_polynomial(polynomials(l)[m], dtype, scale)};  // l={l} m={m}"
+              for k, (l, m, scale) in enumerate(problem.components())]
+    gradients = _gradient(problem, dtype, {k: f"g[{k}]" for k in range(problem.dim)})
     source = template("spherical_harmonics.cu").substitute(
         dtype=dtype, problem=problem.describe(),
         prelude=template("prelude.cuh").substitute(scalar=POINTER_TYPES[dtype]),
         dim=problem.dim, block_threads=BLOCK_THREADS, forward=forward.kernel, backward=backward.kernel,
         forward_parameters=forward.parameters(), backward_parameters=backward.parameters(),
-        normalize=_normalize(problem, dtype), powers="\n".join(_powers(problem)), values="\n".join(values),
-        gradients="\n".join(gradients), normalize_backward=_normalize_backward(problem))
+        normalize=_indented(_normalize(problem, dtype)), powers="\n".join(_powers(problem)),
+        values="\n".join(values), gradients=_indented(gradients),
+        normalize_backward=_indented(_normalize_backward(problem)))
     return Program(forward.kernel.replace("_fwd", ""), source, (forward, backward))
