@@ -215,8 +215,7 @@ def _pools(snapshot) -> list:
         largest = ", ".join(f"{b / 1e6:.1f}" for b in sorted(free, reverse=True)[:8])
         lines.append(f"| {pool} | {count} | {reserved / 1e6:.1f} | {allocated / 1e6:.1f} | {sum(free) / 1e6:.1f} | "
                      f"{largest} |")
-    traces = snapshot.get("device_traces") or [[]]
-    trace = traces[_device_index()] if len(traces) > 1 else traces[0]
+    trace = _trace(snapshot)
     live, allocated, reserved, grown = {}, 0, 0, []
     for event in trace:
         action, addr, size = event["action"], event["addr"], event["size"]
@@ -244,17 +243,18 @@ def _save_trace(snapshot, path: str) -> None:
     """The allocator's trace as arrays (action index into TRACE_ACTIONS, address, size, stream): what an allocator
     simulation replays offline."""
     import numpy as np
-    traces = snapshot.get("device_traces") or [[]]
-    trace = [e for e in (traces[_device_index()] if len(traces) > 1 else traces[0]) if e["action"] in TRACE_ACTIONS]
+    trace = [e for e in _trace(snapshot) if e["action"] in TRACE_ACTIONS]
     np.savez_compressed(path, action=np.array([TRACE_ACTIONS.index(e["action"]) for e in trace], dtype=np.int8),
                         addr=np.array([e["addr"] for e in trace], dtype=np.int64),
                         size=np.array([e["size"] for e in trace], dtype=np.int64),
                         stream=np.array([e.get("stream", 0) for e in trace], dtype=np.int64))
 
 
-def _device_index() -> int:
+def _trace(snapshot) -> list:
+    """The allocator's trace of the current device from a ``torch.cuda.memory._snapshot()``."""
     import torch
-    return torch.cuda.current_device()
+    traces = snapshot.get("device_traces") or [[]]
+    return traces[torch.cuda.current_device()] if len(traces) > 1 else traces[0]
 
 
 def main(argv=None) -> None:
