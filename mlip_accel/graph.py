@@ -77,10 +77,21 @@ def _stacked(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
 
 def edge_fingerprint(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> Optional[torch.Tensor]:
     """A 0-d int64 tensor on the edges' device identifying this edge list (ids and order); no host sync.
-    None while a CUDA graph is being captured on a device this process has not fingerprinted a list this
-    long on before."""
+    Where the CUDA kernels run on int64 ids, one kernel computes the coefficients as it goes
+    (runtime.edge_fingerprint: the same number, no table kept). Elsewhere, None while a CUDA graph is being
+    captured on a device this process has not fingerprinted a list this long on before."""
+    if _fingerprint_kernel_applies(edge_dst, edge_src):
+        from .runtime.edge_fingerprint import fingerprint
+        return fingerprint(edge_dst, edge_src)
     c = _coefficients(edge_dst.device, edge_dst.shape[0])
     return None if c is None else (_stacked(edge_dst, edge_src) * c).sum()
+
+
+def _fingerprint_kernel_applies(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> bool:
+    if edge_dst.dtype != torch.int64 or edge_src.dtype != torch.int64 or edge_dst.device.type != "cuda":
+        return False
+    from .ops.backends import cuda_unavailable_reason, plain_tensors
+    return plain_tensors(edge_dst, edge_src) and cuda_unavailable_reason() is None
 
 
 # --- validation --------------------------------------------------------------------------------------------
@@ -151,8 +162,7 @@ def check_edge_indices(edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes
     stacked = _stacked(edge_dst, edge_src)
     parts = list(torch.aminmax(stacked, dim=0))
     if graph is not None:
-        c = _coefficients(stacked.device, stacked.shape[0])
-        parts += [(stacked * c).sum().view(1), graph.fingerprint.view(1)]
+        parts += [edge_fingerprint(edge_dst, edge_src).view(1), graph.fingerprint.view(1)]
     values = torch.cat(parts).tolist()
     for name, lo, hi in (("edge_dst", values[0], values[2]), ("edge_src", values[1], values[3])):
         if lo < 0:

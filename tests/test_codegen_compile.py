@@ -286,3 +286,10 @@ def test_md_update_kernels_compile_with_nvrtc(arch):
     size, error = _compile((program.source, arch, program.name))
     assert error is None, error
     assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_edge_fingerprint_kernel_compiles_with_nvrtc(arch):
+    from mlip_accel.codegen.edge_fingerprint import edge_fingerprint_program
+
+    _assert_program_compiles(edge_fingerprint_program(), arch)

@@ -84,3 +84,47 @@ def test_sort_keys_narrowed_give_the_int64_stable_order(num_nodes):
     graph = mlip_accel.sort_edges(dst, src, num_nodes)
     assert torch.equal(graph.perm, torch.sort(dst, stable=True).indices)
     assert torch.equal(graph.transpose_perm, torch.sort(src, stable=True).indices)
+
+
+@pytest.mark.parametrize("num_edges", [0, 1, 31, 513, 20_000])
+def test_fingerprint_kernel_gives_the_torch_formula_without_a_table(emulated, num_edges):
+    """runtime.edge_fingerprint (the generated kernel, run by the CPU emulator) computes the coefficients as it
+    goes and gives graph.edge_fingerprint's torch number exactly (sums mod 2^64, in any order), ids up to 2^31."""
+    from mlip_accel import graph
+    from mlip_accel.runtime.edge_fingerprint import fingerprint
+
+    gen = torch.Generator().manual_seed(num_edges)
+    dst = torch.randint(0, 1 << 31, (num_edges,), generator=gen)
+    src = torch.randint(0, 1 << 31, (num_edges,), generator=gen)
+    want = (graph._stacked(dst, src) * graph._coefficients(dst.device, num_edges)).sum()
+    got = fingerprint(dst, src)
+    assert got.dtype == torch.int64 and got.shape == () and got.item() == want.item()
+    if num_edges > 1:  # order, swaps and single ids change it
+        assert fingerprint(src, dst).item() != want.item()
+        assert fingerprint(dst.flip(0), src.flip(0)).item() != want.item()
+        edited = dst.clone()
+        edited[num_edges // 2] += 1
+        assert fingerprint(edited, src).item() != want.item()
+    with pytest.raises(ValueError, match="int64"):
+        fingerprint(dst.int(), src)
+
+
+@pytest.mark.gpu
+def test_gpu_fingerprint_is_the_kernel_and_keeps_no_table():
+    """On CUDA with int64 ids sort_edges fingerprints with the kernel: the CPU's number, no coefficient table
+    kept on the device (34 MB at 1.26 M edges before), and a changed list still caught by the convolution's check."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from mlip_accel import graph
+
+    gen = torch.Generator().manual_seed(3)
+    dst, src = torch.randint(0, 500, (70_001,), generator=gen), torch.randint(0, 500, (70_001,), generator=gen)
+    cpu = mlip_accel.sort_edges(dst, src, 500)
+    device = torch.device("cuda")
+    g = mlip_accel.sort_edges(dst.to(device), src.to(device), 500)
+    assert g.fingerprint.item() == cpu.fingerprint.item()
+    assert device not in graph._COEFFICIENTS and torch.device("cuda", 0) not in graph._COEFFICIENTS
+    edited = src.to(device)
+    edited[7] = (edited[7] + 1) % 500
+    with pytest.raises(ValueError, match="does not belong"):
+        graph.check_edge_indices(dst.to(device), edited, 500, graph=g)

@@ -243,9 +243,7 @@ class TensorProductConv(_TPBase):
             check_tensor("vectors", y, dim=3, width="3 (the edges' vectors)", dtype=x.dtype, device=x.device,
                          rows=edge_dst.shape[0], rows_name="num_edges")
 
-        if (torch.compiler.is_compiling() or not isinstance(lengths, torch.Tensor) or x.device.type != "cuda"
-                or self.weight_numel == 0 or not backends.plain_tensors(x, y, lengths)
-                or backends.resolve(self.backend, x.device, self.problem) != "cuda"):
+        if not self.walks_tabulated(x, y, lengths):
             return unfused(x, y, lengths)
         perm, tperm = self._edge_orders(x, y, None, edge_dst, edge_src, graph, vectors=harmonics is not None)
         if lengths.dim() != 1 or lengths.shape[0] != y.shape[0]:
@@ -258,6 +256,19 @@ class TensorProductConv(_TPBase):
         packed_coefficients(table)  # made here, not inside a CUDA-graph capture's first backward
         call = TabulatedCall(self.problem, table, edge_dst.long(), edge_src.long(), perm, tperm, unfused, harmonics)
         return tabulated_conv(call, x, y, lengths.contiguous(), tuple(params))
+
+    def walks_tabulated(self, x: torch.Tensor, y: torch.Tensor, lengths) -> bool:
+        """Whether :meth:`forward_tabulated` reads the table inside the CUDA walks for these inputs (else it looks
+        the table up and convolves, one after the other)."""
+        return not (torch.compiler.is_compiling() or not isinstance(lengths, torch.Tensor) or x.device.type != "cuda"
+                    or self.weight_numel == 0 or not backends.plain_tensors(x, y, lengths)
+                    or backends.resolve(self.backend, x.device, self.problem) != "cuda")
+
+    def takes_vectors(self, x: torch.Tensor, vectors: torch.Tensor, lengths, harmonics) -> bool:
+        """Whether :meth:`forward_tabulated` with ``harmonics`` evaluates the harmonics of ``vectors`` inside its
+        walks: they run, and this problem's irreps_in2 are those harmonics."""
+        from ..codegen.tensor_product import harmonics_mismatch
+        return harmonics_mismatch(self.problem, harmonics) is None and self.walks_tabulated(x, vectors, lengths)
 
     def _edge_orders(self, x, y, w, edge_dst, edge_src, graph, vectors: bool = False):
         """The inputs checked (``w`` None: a tabulated call, no W; ``vectors``: ``y`` holds the edges' vectors,

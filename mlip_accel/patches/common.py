@@ -9,6 +9,7 @@ import torch
 from ..errors import ParityCheckFailed
 from ..ops.backends import check_backend_name
 from ..ops.tabulated_conv import tabulated_source
+from .harmonics import harmonics_source, materialized
 
 # Relative tolerance of both parity probes, max|accelerated - original| <= RTOL * max|original| per output.
 # A real mismatch (a wrong path, weight layout or normalisation) changes outputs by 1e-2 and more.
@@ -120,9 +121,14 @@ def conv_on_shared_graph(conv, edge_sort, x, edge_attr, edge_weight, edge_dst, e
     graph all layers of one model share (``edge_sort``, an :class:`~mlip_accel.graph.EdgeSortCache`, sorts the
     edges once per forward pass) when the sum is deterministic, with none (atomic accumulation) otherwise; where
     ``edge_weight`` is a tabulated radial network's placeholder, with the table read inside the walks
-    (``TensorProductConv.forward_tabulated``)."""
+    (``TensorProductConv.forward_tabulated``), and where ``edge_attr`` is also a harmonics placeholder, with the
+    harmonics evaluated there from the vectors; any other placeholder of harmonics is made into them first."""
     graph = shared_graph(conv, edge_sort, x, edge_dst, edge_src)
     source = tabulated_source(edge_weight)
+    vectors = harmonics_source(edge_attr)  # the harmonics left uncomputed (patches/harmonics): (vectors, module)
+    if vectors is not None and (source is None or not conv.takes_vectors(x, vectors[0], source[1],
+                                                                         vectors[1].problem)):
+        edge_attr, vectors = materialized(edge_attr), None
     if source is None:
         return conv(x, edge_attr, edge_weight, edge_dst, edge_src, graph=graph)
     # a tabulated radial network's placeholder (ops.tabulated_conv): the walks read its table, W is never made
@@ -130,6 +136,9 @@ def conv_on_shared_graph(conv, edge_sort, x, edge_attr, edge_weight, edge_dst, e
         raise ValueError(f"the tabulated radial network gave {tuple(edge_weight.shape)} weights for "
                          f"{edge_attr.shape[0]} edges of {conv.weight_numel}")
     table, lengths, exact, params = source
+    if vectors is not None:  # and its harmonics evaluated inside the walks too: Y is never made either
+        return conv.forward_tabulated(x, vectors[0], table, lengths, exact, params, edge_dst, edge_src, graph=graph,
+                                      harmonics=vectors[1].problem)
     return conv.forward_tabulated(x, edge_attr, table, lengths, exact, params, edge_dst, edge_src, graph=graph)
 
 

@@ -24,7 +24,7 @@ from . import skip as mace_skip
 from . import stream as mace_stream
 from . import symmetric as mace_symmetric
 from . import virials as mace_virials
-from .conv import MACEFusedConv
+from .conv import MACEFusedConv, set_harmonics_readers
 from .probe import probe_batch, run_probe, tolerance
 
 CONV_FUSION_TAG = "mlip_accel"
@@ -238,6 +238,7 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             mace_radial_embedding.apply(embedding)
             undo.append(lambda embedding=embedding: mace_radial_embedding.undo(embedding))
             mace_radial_embedding.set_readers(model)  # features not computed where only tables are read
+            set_harmonics_readers(model)  # nor the harmonics where the walks evaluate them
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
                 e3nn_tps = [b.conv_tp.e3nn_module for b in blocks]

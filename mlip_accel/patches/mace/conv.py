@@ -43,6 +43,9 @@ class MACEFusedConv(nn.Module):
     under the same keys, so checkpoints are interchangeable with the plain model.
     """
 
+    # its forward hands a harmonics placeholder (patches.harmonics) to conv_on_shared_graph, which reads it
+    takes_harmonics_placeholder = True
+
     def __init__(self, e3nn_tp: nn.Module, graphs: EdgeSortCache, backend: str = "auto",
                  deterministic: bool = True):
         super().__init__()
@@ -88,3 +91,30 @@ class MACEFusedConv(nn.Module):
                              f"{tuple(edge_index.shape) if isinstance(edge_index, torch.Tensor) else type(edge_index)}")
         return conv_on_shared_graph(self.conv, self.graphs, node_feats, edge_attrs, tp_weights, edge_index[1],
                                     edge_index[0])
+
+
+def harmonics_readers(model) -> tuple:
+    """The interaction blocks of ``model`` when they alone read its edge harmonics, each through a
+    :class:`MACEFusedConv` whose problem takes them as the walks evaluate them (exact MACE model and block types:
+    :func:`~.radial_embedding.lazy_readers`), else ()."""
+    from ...codegen.tensor_product import harmonics_mismatch
+    from ..harmonics import AcceleratedSphericalHarmonics
+    from .radial_embedding import lazy_readers
+
+    harmonics = getattr(model, "spherical_harmonics", None)
+    blocks = lazy_readers(model)
+    if not isinstance(harmonics, AcceleratedSphericalHarmonics) or not all(
+            getattr(b.conv_tp, "takes_harmonics_placeholder", False) and getattr(b, "conv_fusion", None) is not None
+            and harmonics_mismatch(b.conv_tp.conv.problem, harmonics.problem) is None for b in blocks):
+        return ()
+    return blocks
+
+
+def set_harmonics_readers(model) -> None:
+    """``model``'s accelerated harmonics told which blocks alone read them (:func:`harmonics_readers`): inference
+    calls then leave Y to the walks of the blocks whose radial tables they read (patches.harmonics)."""
+    from ..harmonics import AcceleratedSphericalHarmonics
+
+    harmonics = getattr(model, "spherical_harmonics", None)
+    if isinstance(harmonics, AcceleratedSphericalHarmonics):
+        harmonics.readers = harmonics_readers(model)

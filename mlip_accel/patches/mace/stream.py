@@ -128,6 +128,8 @@ class MACERadialHidden(RadialHidden):
 class MACEStreamedConv(StreamedConvMixin, MACEFusedConv):
     """``conv_tp`` of a streamed block: called with ``h`` (times ``cutoff``) where MACE passes ``tp_weights``."""
 
+    takes_harmonics_placeholder = False  # its streamed path reads Y itself
+
     def __init__(self, e3nn_tp, graphs, radial: MACERadialHidden, backend: str = "auto",
                  deterministic: bool = True, chunk_edges: int | None = None):
         super().__init__(e3nn_tp, graphs, backend=backend, deterministic=deterministic)
