@@ -779,3 +779,66 @@ def test_graphed_md_with_a_skin_follows_the_skin_free_run():
     res2, pos2, calc2 = results["auto"]
     assert calc2.neighbor_list.auto and calc2.neighbor_list.skin == 0.5 and calc2.neighbor_list.builds < 50
     assert rel(pos2, pos0) <= 1e-9 and rel(res2.total_energy, res0.total_energy) <= 1e-9
+
+
+def test_captures_allocate_expandable_segments_and_leave_the_setting_as_it_was(monkeypatch):
+    """cuda_graphs.expandable_segments (around every capture): torch's allocator set to expandable segments for the
+    block and back after it, also when the block raises; left alone where the user configured the option, where
+    this torch has no setter, or where the setter refuses it."""
+    calls = []
+    monkeypatch.setattr(CG, "_allocator_setter", lambda: calls.append)
+    for name in CG._ALLOCATOR_CONF:
+        monkeypatch.delenv(name, raising=False)
+    with CG.expandable_segments():
+        assert calls == ["expandable_segments:True"]
+    assert calls == ["expandable_segments:True", "expandable_segments:False"]
+    calls.clear()
+    with pytest.raises(KeyError), CG.expandable_segments():
+        raise KeyError("a failed capture")
+    assert calls == ["expandable_segments:True", "expandable_segments:False"]
+    calls.clear()
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:64,expandable_segments:False")
+    with CG.expandable_segments():
+        pass
+    assert calls == []  # the user's own choice
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setattr(CG, "_allocator_setter", lambda: None)
+    with CG.expandable_segments():
+        pass
+
+    def refusing(setting):
+        raise RuntimeError("not with this allocator backend")
+    monkeypatch.setattr(CG, "_allocator_setter", lambda: refusing)
+    entered = []
+    with CG.expandable_segments():
+        entered.append(True)
+    assert entered == [True]
+
+
+@pytest.mark.gpu
+def test_gpu_a_capture_maps_expandable_segments_and_eager_memory_stays_plain():
+    """A capture through cuda_graphs.capturing puts its pool in expandable segments (torch's allocator merges
+    their free blocks, where separate segments left holes: graph_pool_notes.md); allocations after it are plain
+    again. The graph replays correctly."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import os
+
+    if any("expandable_segments" in os.environ.get(k, "") for k in CG._ALLOCATOR_CONF):
+        pytest.skip("the allocator's expandable_segments is configured in this process's environment")
+    x = torch.randn(1 << 20, device="cuda")
+    pool = torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
+    CG.warm_up(lambda: (x * 2).sum(), x.device)
+    with CG.capturing(graph, pool=pool, device=x.device):
+        y = (x * 2 + 1).square()
+    after = torch.empty(12 << 20, device="cuda")  # a new segment of its own, outside the capture
+    x.add_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, (x * 2 + 1).square())
+    segments = torch.cuda.memory_snapshot()
+    pooled = [s for s in segments if tuple(s.get("segment_pool_id", (0, 0))) == tuple(pool)]
+    assert pooled and all(s.get("is_expandable") for s in pooled), pooled
+    mine = [s for s in segments if s["address"] <= after.data_ptr() < s["address"] + s["total_size"]]
+    assert mine and not mine[0].get("is_expandable"), mine
