@@ -20,7 +20,7 @@ if [[ -z ${SKIP_NEQUIP:-} ]]; then
 fi
 (cd tests && timeout 150 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
   test_mace_calculator.py test_mace_radial_table.py test_mace_radial_embedding.py test_tabulated_conv.py test_cuda_graphs.py \
-  test_mace_accelerate.py test_mace_lazy_harmonics.py test_graph.py') \
+  test_mace_accelerate.py test_mace_lazy_harmonics.py test_graph.py test_graph_cache.py') \
   >"$OUT/gpu_tests_mace.log" 2>&1
 stage gpu_tests_mace $?
 tail -n 1 "$OUT"/gpu_tests_*.log
