@@ -48,9 +48,15 @@ BLOCK_THREADS = 128
 FIXUP_THREADS = 128
 FAMILY = "tensor_product"
 # Edges per warp. The deterministic forward takes the mean degree (about one row per warp: few fixups,
-# and the fixup buffer, one row per warp, is never larger than the output); every other walk takes 32.
+# and the fixup buffer, one row per warp, is never larger than the output), or more where that would make more
+# than FORWARD_WARPS warps; every other walk takes 32.
 MIN_EDGES_PER_WARP = 32
 MAX_EDGES_PER_WARP = 4096
+# Above this many warps the forward's fixup buffer (one output row per warp, as large as the output itself at
+# the mean degree: 164 MB for MACE-MP-0 medium at 8000 atoms, the ASE call's peak) stops growing: each warp takes
+# more edges instead. 4096 warps are still ~2.6 waves of the walk on a 132-SM H100/H200 at 12 resident warps per
+# SM; systems under ~4000 atoms keep the mean degree.
+FORWARD_WARPS = 4096
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
@@ -179,7 +185,9 @@ def edges_per_warp_rule(spec: KernelSpec):
     """Edges per warp of a walk of ``spec``, as an expression of the scalars num_edges and nodes."""
     if spec.variant != "det" or spec.side != "out":  # the mean degree for the walks by receiver
         return MIN_EDGES_PER_WARP
-    return ("max", MIN_EDGES_PER_WARP, ("min", MAX_EDGES_PER_WARP, ("cdiv", "num_edges", ("max", "nodes", 1))))
+    mean_degree = ("cdiv", "num_edges", ("max", "nodes", 1))
+    return ("max", MIN_EDGES_PER_WARP,
+            ("min", MAX_EDGES_PER_WARP, ("max", mean_degree, ("cdiv", "num_edges", FORWARD_WARPS))))
 
 
 def unsupported_reason(problem: TPProblem) -> str | None:
