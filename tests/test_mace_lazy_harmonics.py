@@ -53,6 +53,8 @@ def test_readers_are_the_blocks_of_mace_own_types_with_the_fused_convolution():
     model = _accelerated()
     assert isinstance(model.spherical_harmonics, harmonics_patch.AcceleratedSphericalHarmonics)
     assert model.spherical_harmonics.readers == tuple(model.interactions)
+    assert "edge harmonics are evaluated inside" in mlip_accel.describe(model).radial_tables
+    assert "edge harmonics" not in mlip_accel.describe(_accelerated(False)).radial_tables
     block = model.interactions[1]
     block.__class__ = type("MyBlock", (type(block),), {})  # a subclass's forward may read Y itself
     assert harmonics_readers(model) == ()

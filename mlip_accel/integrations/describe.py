@@ -244,6 +244,11 @@ def _radial_tables(modules) -> str:
     if options.keys() != {"False"} and any(isinstance(m, FusedRadialEmbedding) and m.readers
                                            for root in modules for m in root.modules()):
         text += "; the radial features are not computed in the calls where every block reads its table"
+    from ..patches.harmonics import AcceleratedSphericalHarmonics
+    if options.keys() != {"False"} and any(isinstance(m, AcceleratedSphericalHarmonics) and m.readers
+                                           for root in modules for m in root.modules()):
+        text += ("; the edge harmonics are evaluated inside the convolutions' walks in the inference calls on CUDA "
+                 "whose blocks read their tables")
     return text
 
 
