@@ -78,20 +78,24 @@ def _stacked(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> torch.Tensor:
 def edge_fingerprint(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> Optional[torch.Tensor]:
     """A 0-d int64 tensor on the edges' device identifying this edge list (ids and order); no host sync.
     Where the CUDA kernels run on int64 ids, one kernel computes the coefficients as it goes
-    (runtime.edge_fingerprint: the same number, no table kept). Elsewhere, None while a CUDA graph is being
+    (ops.edge_fingerprint: the same number, no table kept). Elsewhere, None while a CUDA graph is being
     captured on a device this process has not fingerprinted a list this long on before."""
-    if _fingerprint_kernel_applies(edge_dst, edge_src):
-        from .runtime.edge_fingerprint import fingerprint
-        return fingerprint(edge_dst, edge_src)
+    if _FINGERPRINT_KERNEL[0] is not None:
+        fast = _FINGERPRINT_KERNEL[0](edge_dst, edge_src)
+        if fast is not None:
+            return fast
     c = _coefficients(edge_dst.device, edge_dst.shape[0])
     return None if c is None else (_stacked(edge_dst, edge_src) * c).sum()
 
 
-def _fingerprint_kernel_applies(edge_dst: torch.Tensor, edge_src: torch.Tensor) -> bool:
-    if edge_dst.dtype != torch.int64 or edge_src.dtype != torch.int64 or edge_dst.device.type != "cuda":
-        return False
-    from .ops.backends import cuda_unavailable_reason, plain_tensors
-    return plain_tensors(edge_dst, edge_src) and cuda_unavailable_reason() is None
+# The same number by a kernel, where one applies: ``kernel(edge_dst, edge_src)`` returns it or None. Installed by
+# the layer that launches kernels (ops.edge_fingerprint, imported with mlip_accel), since this one may not import it.
+_FINGERPRINT_KERNEL: list = [None]
+
+
+def set_fingerprint_kernel(kernel) -> None:
+    """Compute :func:`edge_fingerprint` with ``kernel`` wherever it returns a tensor (None: the torch formula)."""
+    _FINGERPRINT_KERNEL[0] = kernel
 
 
 # --- validation --------------------------------------------------------------------------------------------
