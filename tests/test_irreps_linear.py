@@ -176,3 +176,62 @@ def test_gpu_equals_e3nn_without_node_sized_weight_copies(dtype):
     # with the batched products; the tall products add transposed copies of one block at a time, under 1x); one
     # per-node copy of a weight matrix would add 50000 x 128 x 128 elements, 6.4x the features
     assert peak <= 4 * x.numel() * x.element_size()
+
+
+def test_the_linear_kernel_switch_routes_every_product_through_one_helper(monkeypatch):
+    """ops.linear.LINEAR_KERNEL (staged, off by default): where the split-matmul kernel applies, every product of
+    the map and of its transposed map (the input gradient) goes through ``_product`` with the kernel asked for,
+    small blocks included (the tall product, no batched one); the same numbers (here torch stands in for the
+    kernel, which the GPU test runs)."""
+    assert ops.LINEAR_KERNEL is False
+    for irreps_in, irreps_out in PAIRS:
+        plain, ours = _pair(irreps_in, irreps_out)
+        x = torch.randn(37, plain.irreps_in.dim, dtype=torch.float64, requires_grad=True)
+        want = ours(x)
+        (gx_want,) = torch.autograd.grad(want.square().sum(), x)
+        asked = []
+
+        def product(a, b, kernel):
+            asked.append(kernel)
+            return a @ b
+        with monkeypatch.context() as m:
+            m.setattr(ops, "_kernel_applies", lambda x, ws: True)
+            m.setattr(ops, "_product", product)
+            m.setattr(torch, "bmm", None)  # no batched product on this path
+            got = ours(x)
+            (gx,) = torch.autograd.grad(got.square().sum(), x)
+        assert asked and all(asked)
+        assert rel_err(got, want) <= 1e-14 and rel_err(gx, gx_want) <= 1e-14
+
+
+def test_rows_times_and_batched_product_are_the_products(monkeypatch):
+    monkeypatch.setattr(ops, "LINEAR_KERNEL", True)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(50, 3, generator=g, dtype=torch.float64)
+    shared, per_row = torch.randn(3, 3, generator=g, dtype=torch.float64), torch.randn(50, 3, 3, generator=g, dtype=torch.float64)
+    assert rel_err(ops.rows_times(a, shared), a @ shared) <= 1e-15
+    assert rel_err(ops.rows_times(a, per_row), torch.einsum("be,bec->bc", a, per_row)) <= 1e-15
+    c, d = torch.randn(4, 3, 3, generator=g, dtype=torch.float64), torch.randn(4, 3, 3, generator=g, dtype=torch.float64)
+    assert rel_err(ops.batched_product(c, d), c @ d) <= 1e-15
+
+
+@pytest.mark.gpu
+def test_gpu_linear_kernel_switch_matches_cublas_and_launches_no_gemm(monkeypatch):
+    """With the staged switch on, MACE-MP-0 medium's linear at 8000 nodes (float32, CUDA) and its input gradient
+    run on the split-matmul kernel: within float32 rounding of cuBLAS's products, and no cuBLAS gemm kernel runs."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    plain, ours = _pair("128x0e+128x1o+128x2e+128x3o", "128x0e+128x1o+128x2e+128x3o", dtype=torch.float32)
+    ours = ours.cuda()
+    x = torch.randn(8000, plain.irreps_in.dim, device="cuda", requires_grad=True)
+    want = ours(x)
+    (gx_want,) = torch.autograd.grad(want.square().sum(), x)
+    monkeypatch.setattr(ops, "LINEAR_KERNEL", True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = ours(x)
+        (gx,) = torch.autograd.grad(got.square().sum(), x)
+        torch.cuda.synchronize()
+    assert rel_err(got, want) <= 1e-5 and rel_err(gx, gx_want) <= 1e-5
+    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert any(n.startswith("mla_") for n in names), names
+    assert not [n for n in names if "gemm" in n.lower() and not n.startswith("mla_")], names

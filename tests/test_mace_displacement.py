@@ -143,3 +143,25 @@ def test_benchmarks_run_each_peer_with_maces_own_function():
     finally:
         displacement.install()
         virials.install()
+
+
+@pytest.mark.parametrize("with_cell", [True, False])
+def test_without_cublas_the_same_values_and_derivatives_to_rounding(with_cell, monkeypatch):
+    """ops.linear.LINEAR_KERNEL (staged, off by default): the shifts' and the cell's small products as broadcast
+    products summed in order (no cuBLAS call): MACE's values and derivatives to float64 rounding."""
+    from mlip_accel.ops import linear
+
+    assert linear.LINEAR_KERNEL is False  # off unless MLIP_ACCEL_LINEAR_KERNEL=1 when the process starts
+    monkeypatch.setattr(linear, "LINEAR_KERNEL", True)
+    positions, unit_shifts, cell, edge_index, graphs, batch, disp = _inputs(5, with_cell)
+    ours = displacement.get_symmetric_displacement(positions, unit_shifts, cell, edge_index, graphs, batch, disp)
+    theirs = _original()(positions, unit_shifts, cell, edge_index, graphs, batch, disp)
+    for a, b in zip(ours, theirs):
+        assert float((a - b).abs().max()) <= 1e-14 * float(b.abs().max().clamp_min(1))
+    leaves = [t for t in (positions, cell, disp) if t is not None]
+    ours_grads = torch.autograd.grad(ours[0].sum() + ours[1].square().sum(), leaves, allow_unused=True)
+    theirs_grads = torch.autograd.grad(theirs[0].sum() + theirs[1].square().sum(), leaves, allow_unused=True)
+    for a, b in zip(ours_grads, theirs_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert float((a - b).abs().max()) <= 1e-13 * float(b.abs().max().clamp_min(1))

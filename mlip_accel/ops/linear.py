@@ -17,6 +17,8 @@ The transposed map's own backward is the map itself, so every order of derivativ
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -33,6 +35,52 @@ from .gradients import wanted
 # medium's 128x blocks at 1000-8000 nodes, 0.76-0.84x at 32 nodes; NequIP OAM-L's 32x1o block 0.86x at 1000
 # nodes (96,000 elements), 1.57x at 8000; even around 100,000-200,000 elements.
 GEMM_MIN_ELEMENTS = 131_072
+
+# Staged, off by default until measured (``MLIP_ACCEL_LINEAR_KERNEL=1`` when the process starts): the products on
+# CUDA in float32 through the fp32-accurate tensor-core kernel (runtime.split_matmul) instead of cuBLAS. A step with
+# no cuBLAS call keeps cuBLAS off the device: per thread and stream that ran a product, a 32 MiB workspace in torch's
+# allocator and ~70 MB outside it (H200, scripts/cublas_memory_probe.py); MACE's 8000-atom ASE call without
+# cuBLAS workspaces peaked at 0.80 GB eager / 1.02 with graphs against 1.00 / 1.34 (benchmarks/graph_pool_notes.md).
+LINEAR_KERNEL = os.environ.get("MLIP_ACCEL_LINEAR_KERNEL") == "1"
+
+
+def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
+    """Whether this call's products run through the split-matmul kernel (:data:`LINEAR_KERNEL`)."""
+    return (LINEAR_KERNEL and x.is_cuda and x.dtype == torch.float32 and backends.plain_tensors(x, ws)
+            and not torch.compiler.is_compiling() and backends.cuda_unavailable_reason() is None)
+
+
+def rows_times(a: Tensor, b: Tensor) -> Tensor:
+    """``a [n, k]`` times ``b [k, m]`` (one matrix) or ``b [n, k, m]`` (one per row), for a small k (the edges' unit
+    shifts times the cell): with :data:`LINEAR_KERNEL` as k broadcast products summed in order, which no cuBLAS call
+    makes (nor their derivatives), else ``a @ b`` / ``einsum("nk,nkm->nm")``."""
+    if not LINEAR_KERNEL:
+        return a @ b if b.dim() == 2 else torch.einsum("be,bec->bc", a, b)
+    out = None
+    for j in range(a.shape[1]):
+        term = a[:, j:j + 1] * b[..., j, :]
+        out = term if out is None else out + term
+    return out
+
+
+def batched_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a [B, n, k] @ b [B, k, m]`` for small matrices (a cell times its displacement): with
+    :data:`LINEAR_KERNEL` as broadcast products summed in order (no cuBLAS call), else ``torch.matmul``."""
+    if not LINEAR_KERNEL:
+        return torch.matmul(a, b)
+    out = None
+    for j in range(a.shape[-1]):
+        term = a[..., j:j + 1] * b[..., j:j + 1, :]
+        out = term if out is None else out + term
+    return out
+
+
+def _product(a: Tensor, b: Tensor, kernel: bool) -> Tensor:
+    """``a @ b`` (2-D), through the split-matmul kernel where ``kernel``."""
+    if kernel:
+        from ..runtime.split_matmul import matmul  # imports no CuPy until it launches
+        return matmul(a, b)
+    return a @ b
 
 
 def _weight_matrix(ws: Tensor, ins) -> Tensor:
@@ -52,18 +100,19 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
     out = x.new_empty(n, sum(m * d for m, d in dst)) if into else None
     starts = [sum(m * d for m, d in dst[:i]) for i in range(len(dst))]
     acc: list = [None] * len(dst)
+    kernel = _kernel_applies(x, ws)
     for ins in problem.instructions:
         i_src, i_dst = (ins.i_out, ins.i_in) if transpose else (ins.i_in, ins.i_out)
         w = _weight_matrix(ws, ins)
         m = w if transpose else w.t()  # [rows of dst block, rows of src block]
         mul_src, d = src[i_src]
         if d == 1:
-            y = (blocks[i_src] @ m.t()).unsqueeze(-1)
-        elif n * mul_src * d < GEMM_MIN_ELEMENTS:  # the weight broadcast over the nodes: batched, on a view
+            y = _product(blocks[i_src], m.t(), kernel).unsqueeze(-1)
+        elif n * mul_src * d < GEMM_MIN_ELEMENTS and not kernel:  # the weight broadcast over the nodes: batched
             y = torch.bmm(m.expand(n, *m.shape), blocks[i_src].reshape(n, mul_src, d))
         else:  # one tall product over (node, component) rows: the block transposed once, the result back once
             rows = blocks[i_src].reshape(n, mul_src, d).transpose(1, 2).reshape(n * d, mul_src)
-            y = (rows @ m.t()).view(n, d, -1).transpose(1, 2)
+            y = _product(rows, m.t(), kernel).view(n, d, -1).transpose(1, 2)
         # y: [n, mul_dst, d]
         if into:
             part = out.narrow(1, starts[i_dst], y.shape[1] * d).view(n, y.shape[1], d)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ops.linear import rows_times
 from ..errors import InputError, ModelFileError, require
 from ..neighbors import Neighbors
 from .base import Potential
@@ -93,7 +94,7 @@ class MACEPotential(Potential):
             "node_attrs": (types[:, None] == classes).to(dtype),
             "edge_index": torch.stack([neighbors.senders, neighbors.receivers]),
             "unit_shifts": unit_shifts,
-            "shifts": unit_shifts @ cell_t,
+            "shifts": rows_times(unit_shifts, cell_t),
             "cell": cell_t,
             "batch": torch.zeros(n, dtype=torch.long, device=positions.device),
             # [0, n] made on the device (a host tensor would be a host-to-device copy inside a graph capture)

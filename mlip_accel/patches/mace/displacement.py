@@ -21,6 +21,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ...ops.linear import batched_product, rows_times
 from ...ops.row_gather import gather_rows
 from . import function_swap, virials
 
@@ -43,10 +44,10 @@ def get_symmetric_displacement(positions: torch.Tensor, unit_shifts: torch.Tenso
         displacement = torch.zeros((num_graphs, 3, 3), dtype=positions.dtype, device=positions.device)
         displacement = displacement + positions.sum() * 0.0
     symmetric_displacement = 0.5 * (displacement + displacement.transpose(-1, -2))
-    positions = positions + torch.einsum("be,bec->bc", positions, gather_rows(symmetric_displacement, batch))
+    positions = positions + rows_times(positions, gather_rows(symmetric_displacement, batch))
     cell = cell.view(-1, 3, 3)
-    cell = cell + torch.matmul(cell, symmetric_displacement)
-    shifts = torch.einsum("be,bec->bc", unit_shifts, gather_rows(cell, batch[sender]))
+    cell = cell + batched_product(cell, symmetric_displacement)
+    shifts = rows_times(unit_shifts, gather_rows(cell, batch[sender]))
     return positions, shifts, displacement
 
 
