@@ -56,18 +56,17 @@ def rows_times(a: Tensor, b: Tensor) -> Tensor:
     makes (nor their derivatives), else ``a @ b`` / ``einsum("nk,nkm->nm")``."""
     if not LINEAR_KERNEL:
         return a @ b if b.dim() == 2 else torch.einsum("be,bec->bc", a, b)
-    out = None
-    for j in range(a.shape[1]):
-        term = a[:, j:j + 1] * b[..., j, :]
-        out = term if out is None else out + term
-    return out
+    return _summed_products(a, b) if b.dim() == 2 else _summed_products(a.unsqueeze(1), b).squeeze(1)
 
 
 def batched_product(a: Tensor, b: Tensor) -> Tensor:
     """``a [B, n, k] @ b [B, k, m]`` for small matrices (a cell times its displacement): with
     :data:`LINEAR_KERNEL` as broadcast products summed in order (no cuBLAS call), else ``torch.matmul``."""
-    if not LINEAR_KERNEL:
-        return torch.matmul(a, b)
+    return _summed_products(a, b) if LINEAR_KERNEL else torch.matmul(a, b)
+
+
+def _summed_products(a: Tensor, b: Tensor) -> Tensor:
+    """``a [..., n, k] @ b [..., k, m]`` as k broadcast products summed in order (elementwise kernels only)."""
     out = None
     for j in range(a.shape[-1]):
         term = a[..., j:j + 1] * b[..., j:j + 1, :]
