@@ -187,3 +187,22 @@ def test_gpu_kernels_equal_e3nn(dtype, ls, normalize, normalization):
     assert rel_err(out, want) <= tol and rel_err(grad, grad_want) <= tol
     again = torch.autograd.grad(ops.spherical_harmonics(v, problem, "cuda"), v, g64.to(dtype))[0]
     assert torch.equal(grad, again)  # one thread per vector: bitwise every run
+
+
+def test_reference_harmonics_leave_no_reference_cycle():
+    """The CPU path's harmonics free their intermediate powers when the call returns (no cycle for the garbage
+    collector to find: a recursive closure held them before)."""
+    import gc
+
+    from mlip_accel.problem.spherical_harmonics import SHProblem
+    from mlip_accel.reference.spherical_harmonics import spherical_harmonics
+
+    problem = SHProblem((0, 1, 2, 3, 4), True, "component")
+    spherical_harmonics(problem, torch.randn(10, 3))
+    gc.collect()
+    gc.disable()
+    try:
+        spherical_harmonics(problem, torch.randn(10, 3))
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

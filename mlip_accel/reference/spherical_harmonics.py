@@ -16,8 +16,11 @@ def spherical_harmonics(problem: SHProblem, vectors: torch.Tensor) -> torch.Tens
     cache: dict[tuple[int, int], torch.Tensor] = {}
 
     def power(axis: int, p: int) -> torch.Tensor:
-        if (axis, p) not in cache:
-            cache[(axis, p)] = axes[axis] if p == 1 else power(axis, p - 1) * axes[axis]
+        # built upwards (x, x*x, (x*x)*x, ...: the products as before); a closure that called itself would be a
+        # reference cycle holding the powers until the garbage collector ran, after every call
+        for q in range(1, p + 1):
+            if (axis, q) not in cache:
+                cache[(axis, q)] = axes[axis] if q == 1 else cache[(axis, q - 1)] * axes[axis]
         return cache[(axis, p)]
 
     columns = []
