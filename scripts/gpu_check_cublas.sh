@@ -10,9 +10,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_cublas || exit 1
 timeout 90 bash -c "py_mace scripts/cublas_memory_probe.py --out $OUT"
 stage cublas_memory_probe $?
-(cd tests && timeout 120 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-  test_mace_lazy_harmonics.py test_describe.py test_graph_cache.py') >"$OUT/gpu_tests_mace.log" 2>&1
-stage gpu_tests_mace $?
-tail -n 1 "$OUT/gpu_tests_mace.log"
+gpu_tests mace 120 gpu_tests_mace test_mace_lazy_harmonics.py test_describe.py test_graph_cache.py
 cat "$OUT/summary.txt"
 exit $status

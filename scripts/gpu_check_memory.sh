@@ -13,17 +13,11 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_memory || exit 1
 mkdir -p "$OUT/c"
-if [[ -z ${SKIP_NEQUIP:-} ]]; then
-  (cd tests && timeout 150 bash -c 'py_nequip -m pytest -m "gpu and not mace" -q -rfEs -p no:cacheprovider \
-    test_cuda_graphs.py test_md_calculator.py test_device_md.py test_radial_table.py') >"$OUT/gpu_tests_nequip.log" 2>&1
-  stage gpu_tests_nequip $?
-fi
-(cd tests && timeout 150 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-  test_mace_calculator.py test_mace_radial_table.py test_mace_radial_embedding.py test_tabulated_conv.py test_cuda_graphs.py \
-  test_mace_accelerate.py test_mace_lazy_harmonics.py test_graph.py test_graph_cache.py') \
-  >"$OUT/gpu_tests_mace.log" 2>&1
-stage gpu_tests_mace $?
-tail -n 1 "$OUT"/gpu_tests_*.log
+[[ -n ${SKIP_NEQUIP:-} ]] || gpu_tests nequip 150 gpu_tests_nequip test_cuda_graphs.py test_md_calculator.py \
+  test_device_md.py test_radial_table.py
+gpu_tests mace 150 gpu_tests_mace test_mace_calculator.py test_mace_radial_table.py test_mace_radial_embedding.py \
+  test_tabulated_conv.py test_cuda_graphs.py test_mace_accelerate.py test_mace_lazy_harmonics.py test_graph.py \
+  test_graph_cache.py
 timeout 130 bash -c "py_mace scripts/profile_ase_call.py --cells 3 5 10 --reps 30 --no-profile --out $OUT/c" 2>&1 \
   | grep "^|.*ASE call\|^# "
 stage profile_ase_call ${PIPESTATUS[0]}

@@ -12,12 +12,7 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_no_cublas || exit 1
 mkdir -p "$OUT/c"
-if [[ -z ${SKIP_TESTS:-} ]]; then
-  (cd tests && timeout 100 bash -c 'py_mace -m pytest -m "gpu and not nequip" -q -rfEs -p no:cacheprovider \
-    test_irreps_linear.py test_mace_displacement.py test_split_matmul.py') >"$OUT/gpu_tests.log" 2>&1
-  stage gpu_tests $?
-  tail -n 1 "$OUT/gpu_tests.log"
-fi
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests mace 100 gpu_tests test_irreps_linear.py test_mace_displacement.py test_split_matmul.py
 for variant in ${VARIANTS:-default linear_kernel no_workspace}; do
   case $variant in
     default) envs="" ;;

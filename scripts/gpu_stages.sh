@@ -18,3 +18,17 @@ gpu_check_start() {
   source scripts/device_env.sh || return 1
   skip_oeq_build
 }
+
+# `gpu_tests ENV SECONDS LOG FILES...` (from the repository root, after gpu_check_start): the `gpu` tests of FILES in
+# one environment (ENV nequip or mace, the other framework's tests deselected) within SECONDS, output in
+# $OUT/LOG.log, recorded as stage LOG.
+gpu_tests() {
+  local env=$1 seconds=$2 log=$3 other
+  shift 3
+  other=$([[ $env == nequip ]] && echo mace || echo nequip)
+  # bash -c: py_nequip / py_mace are exported shell functions (device_env.sh), which timeout cannot run itself
+  (cd tests && timeout "$seconds" bash -c "py_$env -m pytest -m 'gpu and not $other' -q -rfEs -p no:cacheprovider \"\$@\"" \
+    _ "$@") >"$OUT/$log.log" 2>&1
+  stage "$log" $?
+  tail -n 1 "$OUT/$log.log"
+}
