@@ -240,13 +240,15 @@ def _radial_tables(modules) -> str:
     count = sum(states.values())
     text = (f"{count} radial MLP(s), radial_table={'/'.join(options)}: "
             + "; ".join(f"{n} {state}" for state, n in states.items()))
-    from ..patches.mace.radial_embedding import FusedRadialEmbedding
-    if options.keys() != {"False"} and any(isinstance(m, FusedRadialEmbedding) and m.readers
-                                           for root in modules for m in root.modules()):
-        text += "; the radial features are not computed in the calls where every block reads its table"
     from ..patches.harmonics import AcceleratedSphericalHarmonics
-    if options.keys() != {"False"} and any(isinstance(m, AcceleratedSphericalHarmonics) and m.readers
-                                           for root in modules for m in root.modules()):
+    from ..patches.mace.radial_embedding import FusedRadialEmbedding
+
+    def lazy(cls) -> bool:  # a module of ``cls`` that leaves its output to the tables' readers
+        return options.keys() != {"False"} and any(isinstance(m, cls) and m.readers
+                                                   for root in modules for m in root.modules())
+    if lazy(FusedRadialEmbedding):
+        text += "; the radial features are not computed in the calls where every block reads its table"
+    if lazy(AcceleratedSphericalHarmonics):
         text += ("; the edge harmonics are evaluated inside the convolutions' walks in the inference calls on CUDA "
                  "whose blocks read their tables")
     return text

@@ -25,6 +25,7 @@ from torch import Tensor
 from ..problem.linear import LinearProblem
 from . import backends
 from .gradients import wanted
+from .split_matmul import exact_mm
 
 
 # A block with d > 1 components of at least this many elements (nodes x multiplicity x d) is multiplied as one
@@ -45,9 +46,9 @@ LINEAR_KERNEL = os.environ.get("MLIP_ACCEL_LINEAR_KERNEL") == "1"
 
 
 def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
-    """Whether this call's products run through the split-matmul kernel (:data:`LINEAR_KERNEL`)."""
-    return (LINEAR_KERNEL and x.is_cuda and x.dtype == torch.float32 and backends.plain_tensors(x, ws)
-            and not torch.compiler.is_compiling() and backends.cuda_unavailable_reason() is None)
+    """Whether this call's products go to the split-matmul op (:data:`LINEAR_KERNEL`), which itself runs
+    ``torch.mm`` where its kernel cannot run (no CuPy, functorch transforms, torch.compile)."""
+    return LINEAR_KERNEL and x.is_cuda and x.dtype == torch.float32 and backends.plain_tensors(x, ws)
 
 
 def rows_times(a: Tensor, b: Tensor) -> Tensor:
@@ -75,11 +76,8 @@ def _summed_products(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _product(a: Tensor, b: Tensor, kernel: bool) -> Tensor:
-    """``a @ b`` (2-D), through the split-matmul kernel where ``kernel``."""
-    if kernel:
-        from ..runtime.split_matmul import matmul  # imports no CuPy until it launches
-        return matmul(a, b)
-    return a @ b
+    """``a @ b`` (2-D), through the split-matmul op (ops.split_matmul.exact_mm) where ``kernel``."""
+    return exact_mm(a, b) if kernel else a @ b
 
 
 def _weight_matrix(ws: Tensor, ins) -> Tensor:
