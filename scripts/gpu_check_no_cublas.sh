@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # The MACE ASE call with and without cuBLAS (issue 18's memory target; benchmarks/graph_pool_notes.md, last
-# section), on the device machine from the repository root with .whl/common, .whl/mace and .whl/symmetrix carried:
-# the GPU tests of the staged switch, then for each variant (default; MLIP_ACCEL_LINEAR_KERNEL=1: the linears on
-# our split-matmul kernel; CUBLAS_WORKSPACE_CONFIG=:0:0: cuBLAS without workspaces) the ASE call at 216 / 1000 /
-# 8000 atoms (Symmetrix-XL in the default variant's run) and the 8000-atom peak. Results under $OUT: summary.txt,
-# gpu_tests.log, no_cublas.tgz. VARIANTS picks (default: all three; ~3 minutes each, so two calls:
-# VARIANTS="default linear_kernel", then VARIANTS=no_workspace SKIP_TESTS=1).
+# sections), on the device machine from the repository root with .whl/common, .whl/mace and .whl/symmetrix carried:
+# the GPU tests of the linears' kernel and of a step without cuBLAS, then for each variant (default: the linears in
+# our block kernel, no cuBLAS call; cublas: MLIP_ACCEL_LINEAR_KERNEL=0, the linears on cuBLAS; no_workspace: that
+# and CUBLAS_WORKSPACE_CONFIG=:0:0) the ASE call at 216 / 1000 / 8000 atoms (Symmetrix-XL in each run) and the
+# 8000-atom peak; first the linears alone (bench_irreps_linear.py, kernel against cuBLAS). Results under $OUT:
+# summary.txt, gpu_tests.log, bench_irreps_linear_mace_float32.{json,md}, no_cublas.tgz. VARIANTS picks (default:
+# "default cublas"; ~3 minutes each).
 #
 #   OUT=/path bash scripts/gpu_check_no_cublas.sh
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_no_cublas || exit 1
 mkdir -p "$OUT/c"
-[[ -n ${SKIP_TESTS:-} ]] || gpu_tests mace 100 gpu_tests test_irreps_linear.py test_mace_displacement.py test_split_matmul.py
-for variant in ${VARIANTS:-default linear_kernel no_workspace}; do
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests mace 100 gpu_tests test_dense_linear_kernel.py test_mace_atomic_energies.py test_irreps_linear.py \
+  test_mace_displacement.py
+[[ -n ${SKIP_BENCH:-} ]] || {
+  timeout 120 bash -c "py_mace scripts/bench_irreps_linear.py --framework mace --nodes 1000 8000 --out $OUT" \
+    2>&1 | grep "^|" | tail -n 12
+  stage bench_irreps_linear ${PIPESTATUS[0]}
+}
+for variant in ${VARIANTS:-default cublas}; do
   case $variant in
     default) envs="" ;;
-    linear_kernel) envs="MLIP_ACCEL_LINEAR_KERNEL=1" ;;
-    no_workspace) envs="CUBLAS_WORKSPACE_CONFIG=:0:0" ;;
+    cublas) envs="MLIP_ACCEL_LINEAR_KERNEL=0" ;;
+    no_workspace) envs="MLIP_ACCEL_LINEAR_KERNEL=0 CUBLAS_WORKSPACE_CONFIG=:0:0" ;;
   esac
   mkdir -p "$OUT/c/$variant"
   timeout 110 bash -c "$envs py_mace scripts/profile_ase_call.py --cells 3 5 10 --reps 30 --no-profile \

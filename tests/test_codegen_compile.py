@@ -226,6 +226,24 @@ def test_element_linear_compiles_with_nvrtc(dtype, arch):
             assert size > 0
 
 
+# --- dense-linear family (e3nn's Linear on CUDA): MACE-MP-0-medium's blocks, NequIP's 32x, tails, accumulation ---
+
+DENSE_LINEAR_SPECS = [(1, 128, 128, False), (3, 128, 128, True), (7, 128, 128, False), (3, 32, 96, False),
+                      (5, 17, 70, True)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_linear_compiles_with_nvrtc(dtype, arch):
+    from mlip_accel.codegen.dense_linear import DenseLinearSpec, generate_dense_linear
+
+    for d, k, n, accumulate in DENSE_LINEAR_SPECS:
+        kernel = generate_dense_linear(DenseLinearSpec(d, k, n, dtype, accumulate))
+        size, error = _compile((kernel.source, arch, kernel.plan.kernel))
+        assert error is None, error
+        assert size > 0
+
+
 def _assert_program_compiles(program, arch: str) -> None:
     """Every kernel of a generated program compiles with NVRTC for ``arch`` to a non-empty image."""
     for plan in program.plans:

@@ -147,12 +147,12 @@ def test_benchmarks_run_each_peer_with_maces_own_function():
 
 @pytest.mark.parametrize("with_cell", [True, False])
 def test_without_cublas_the_same_values_and_derivatives_to_rounding(with_cell, monkeypatch):
-    """ops.linear.LINEAR_KERNEL (staged, off by default): the shifts' and the cell's small products as broadcast
-    products summed in order (no cuBLAS call): MACE's values and derivatives to float64 rounding."""
+    """On CUDA (ops.linear.no_cublas) the shifts' and the cell's small products are broadcast products summed in
+    order (no cuBLAS call): MACE's values and derivatives to float64 rounding."""
     from mlip_accel.ops import linear
 
-    assert linear.LINEAR_KERNEL is False  # off unless MLIP_ACCEL_LINEAR_KERNEL=1 when the process starts
-    monkeypatch.setattr(linear, "LINEAR_KERNEL", True)
+    assert linear.no_cublas(torch.zeros(1)) is False  # the CPU keeps torch's products
+    monkeypatch.setattr(linear, "no_cublas", lambda t: True)
     positions, unit_shifts, cell, edge_index, graphs, batch, disp = _inputs(5, with_cell)
     ours = displacement.get_symmetric_displacement(positions, unit_shifts, cell, edge_index, graphs, batch, disp)
     theirs = _original()(positions, unit_shifts, cell, edge_index, graphs, batch, disp)

@@ -196,6 +196,10 @@ def _layers(modules, device) -> list:
     return layers
 
 
+# MACE's own modules swapped by its adapter, by the class of the replacement (patches.mace.*)
+_MACE_SWAPS = {"FusedRadialEmbedding": "RadialEmbeddingBlock", "AtomicEnergiesSum": "AtomicEnergiesBlock"}
+
+
 def _swapped_modules(modules) -> str:
     """The leaf swaps found in ``modules``, by the class they replaced, e.g. "1 SphericalHarmonics, 9 Linear"."""
     from ..modules.gate import GateLayer
@@ -207,11 +211,11 @@ def _swapped_modules(modules) -> str:
     for root in modules:
         for module in root.modules():
             name = next((n for cls, n in kinds if isinstance(module, cls)), None)
-            if name is None and type(module).__name__ == "FusedRadialEmbedding":
-                name = "RadialEmbeddingBlock"
+            if name is None:
+                name = _MACE_SWAPS.get(type(module).__name__)
             if name is not None:
                 counts[name] = counts.get(name, 0) + 1
-    order = ("SphericalHarmonics", "RadialEmbeddingBlock", "Linear", "Gate")
+    order = ("SphericalHarmonics", "RadialEmbeddingBlock", "Linear", "Gate", "AtomicEnergiesBlock")
     return ", ".join(f"{counts[name]} {name}" for name in order if name in counts)
 
 

@@ -1,4 +1,4 @@
-"""e3nn's equivariant ``Linear`` in fewer launches (a problem.linear.LinearProblem; pure torch, any device).
+"""e3nn's equivariant ``Linear`` in fewer launches (a problem.linear.LinearProblem; any device).
 
 e3nn's generated forward takes each input block with ``narrow``, contracts it with ``einsum`` and multiplies the
 result by the path weight; its backward then builds every block's input gradient as a zero-filled full-width
@@ -6,12 +6,13 @@ tensor (``narrow``'s backward) and adds them up: per block one fill and one full
 8000 atoms: ~3 ms of an MD step, benchmarks/profile_md_evaluator_10c_shapes_h100.md). Here:
 
 * the path weights are folded into the (small) weight vector once per call (``weight * scale``);
-* each instruction is one matrix product: for a large block a tall one over a transposed copy of its input
-  block (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight
-  matrix broadcast over the nodes: no copy); each product is written into its slice of the output (joined by
-  one ``cat`` under functorch transforms);
+* each instruction is one matrix product written into its slice of the output: on CUDA one generated block
+  kernel (codegen.dense_linear) that reads the input block and writes the output block in place (no copies, no
+  cuBLAS); elsewhere torch products, for a large block a tall one over a transposed copy of its input block
+  (``[N d, mul_in]``), for a small one a batched one on a view of it (``[N, mul_in, d]``, the weight matrix
+  broadcast over the nodes), joined by one ``cat`` under functorch transforms;
 * the backward is the transposed map, built the same way, and the weight gradient one product per instruction,
-  computed only when asked for.
+  computed only when asked for (torch products: training).
 
 The transposed map's own backward is the map itself, so every order of derivative works (force training).
 """
@@ -25,7 +26,6 @@ from torch import Tensor
 from ..problem.linear import LinearProblem
 from . import backends
 from .gradients import wanted
-from .split_matmul import exact_mm
 
 
 # A block with d > 1 components of at least this many elements (nodes x multiplicity x d) is multiplied as one
@@ -37,33 +37,47 @@ from .split_matmul import exact_mm
 # nodes (96,000 elements), 1.57x at 8000; even around 100,000-200,000 elements.
 GEMM_MIN_ELEMENTS = 131_072
 
-# Staged, off by default until measured (``MLIP_ACCEL_LINEAR_KERNEL=1`` when the process starts): the products on
-# CUDA in float32 through the fp32-accurate tensor-core kernel (runtime.split_matmul) instead of cuBLAS. A step with
-# no cuBLAS call keeps cuBLAS off the device: per thread and stream that ran a product, a 32 MiB workspace in torch's
-# allocator and ~70 MB outside it (H200, scripts/cublas_memory_probe.py); MACE's 8000-atom ASE call without
-# cuBLAS workspaces peaked at 0.80 GB eager / 1.02 with graphs against 1.00 / 1.34 (benchmarks/graph_pool_notes.md).
-LINEAR_KERNEL = os.environ.get("MLIP_ACCEL_LINEAR_KERNEL") == "1"
+# On CUDA every product of the map and of its transpose runs in the generated block kernel (runtime.dense_linear:
+# reads each input block and writes each output block in place, float32 and float64), not cuBLAS: a step whose
+# products make no cuBLAS call keeps cuBLAS off the device, which costs, per thread and stream that ran a product, a
+# 32 MiB workspace in torch's allocator and ~70 MB outside it (H200, scripts/cublas_memory_probe.py; MACE's
+# 8000-atom ASE call: benchmarks/graph_pool_notes.md). ``MLIP_ACCEL_LINEAR_KERNEL=0`` when the process starts keeps
+# cuBLAS (and torch's products for the shifts' small matrices, below).
+LINEAR_KERNEL = os.environ.get("MLIP_ACCEL_LINEAR_KERNEL", "1") != "0"
+
+
+def _runtime():
+    from ..runtime import dense_linear as runtime  # imports no CuPy until a kernel is launched
+    return runtime
 
 
 def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
-    """Whether this call's products go to the split-matmul op (:data:`LINEAR_KERNEL`), which itself runs
-    ``torch.mm`` where its kernel cannot run (no CuPy, functorch transforms, torch.compile)."""
-    return LINEAR_KERNEL and x.is_cuda and x.dtype == torch.float32 and backends.plain_tensors(x, ws)
+    """Whether this call's products run in the block kernel: CUDA tensors of a float dtype the kernel takes, plain
+    (not functorch-wrapped: MACE's vmap over autograd.grad), not traced by torch.compile, CuPy usable."""
+    return (LINEAR_KERNEL and x.is_cuda and x.dtype in (torch.float32, torch.float64)
+            and backends.plain_tensors(x, ws) and not torch.compiler.is_compiling()
+            and backends.cuda_unavailable_reason() is None)
+
+
+def no_cublas(t: Tensor) -> bool:
+    """Whether the small products with ``t`` (the shifts', the cell's) are made without cuBLAS: on CUDA, with
+    :data:`LINEAR_KERNEL`."""
+    return LINEAR_KERNEL and t.is_cuda
 
 
 def rows_times(a: Tensor, b: Tensor) -> Tensor:
     """``a [n, k]`` times ``b [k, m]`` (one matrix) or ``b [n, k, m]`` (one per row), for a small k (the edges' unit
-    shifts times the cell): with :data:`LINEAR_KERNEL` as k broadcast products summed in order, which no cuBLAS call
+    shifts times the cell): where :func:`no_cublas`, as k broadcast products summed in order, which no cuBLAS call
     makes (nor their derivatives), else ``a @ b`` / ``einsum("nk,nkm->nm")``."""
-    if not LINEAR_KERNEL:
+    if not no_cublas(a):
         return a @ b if b.dim() == 2 else torch.einsum("be,bec->bc", a, b)
     return _summed_products(a, b) if b.dim() == 2 else _summed_products(a.unsqueeze(1), b).squeeze(1)
 
 
 def batched_product(a: Tensor, b: Tensor) -> Tensor:
-    """``a [B, n, k] @ b [B, k, m]`` for small matrices (a cell times its displacement): with
-    :data:`LINEAR_KERNEL` as broadcast products summed in order (no cuBLAS call), else ``torch.matmul``."""
-    return _summed_products(a, b) if LINEAR_KERNEL else torch.matmul(a, b)
+    """``a [B, n, k] @ b [B, k, m]`` for small matrices (a cell times its displacement): where :func:`no_cublas`,
+    as broadcast products summed in order, else ``torch.matmul``."""
+    return _summed_products(a, b) if no_cublas(a) else torch.matmul(a, b)
 
 
 def _summed_products(a: Tensor, b: Tensor) -> Tensor:
@@ -75,11 +89,6 @@ def _summed_products(a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-def _product(a: Tensor, b: Tensor, kernel: bool) -> Tensor:
-    """``a @ b`` (2-D), through the split-matmul op (ops.split_matmul.exact_mm) where ``kernel``."""
-    return exact_mm(a, b) if kernel else a @ b
-
-
 def _weight_matrix(ws: Tensor, ins) -> Tensor:
     return ws.narrow(0, ins.offset, ins.mul_in * ins.mul_out).view(ins.mul_in, ins.mul_out)
 
@@ -87,6 +96,8 @@ def _weight_matrix(ws: Tensor, ins) -> Tensor:
 def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) -> Tensor:
     """``y = L x`` (``[N, dim_in] -> [N, dim_out]``) or, with ``transpose``, ``L^T x`` (``dim_out -> dim_in``), for
     the scaled flat weights ``ws``. Not differentiable by itself: :class:`_LinearMap` is."""
+    if _kernel_applies(x, ws):
+        return _apply_map_kernel(problem, x, ws, transpose)
     src, dst = (problem.blocks_out, problem.blocks_in) if transpose else (problem.blocks_in, problem.blocks_out)
     n = x.shape[0]
     blocks = x.split([m * d for m, d in src], dim=-1)
@@ -95,21 +106,20 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
     # atoms, the ASE call's peak). functorch's wrapped tensors (MACE's vmap over autograd.grad) take the cat.
     into = len(dst) > 1 and backends.plain_tensors(x, ws)
     out = x.new_empty(n, sum(m * d for m, d in dst)) if into else None
-    starts = [sum(m * d for m, d in dst[:i]) for i in range(len(dst))]
+    starts = _starts(dst)
     acc: list = [None] * len(dst)
-    kernel = _kernel_applies(x, ws)
     for ins in problem.instructions:
         i_src, i_dst = (ins.i_out, ins.i_in) if transpose else (ins.i_in, ins.i_out)
         w = _weight_matrix(ws, ins)
         m = w if transpose else w.t()  # [rows of dst block, rows of src block]
         mul_src, d = src[i_src]
         if d == 1:
-            y = _product(blocks[i_src], m.t(), kernel).unsqueeze(-1)
-        elif n * mul_src * d < GEMM_MIN_ELEMENTS and not kernel:  # the weight broadcast over the nodes: batched
+            y = (blocks[i_src] @ m.t()).unsqueeze(-1)
+        elif n * mul_src * d < GEMM_MIN_ELEMENTS:  # the weight broadcast over the nodes: batched
             y = torch.bmm(m.expand(n, *m.shape), blocks[i_src].reshape(n, mul_src, d))
         else:  # one tall product over (node, component) rows: the block transposed once, the result back once
             rows = blocks[i_src].reshape(n, mul_src, d).transpose(1, 2).reshape(n * d, mul_src)
-            y = _product(rows, m.t(), kernel).view(n, d, -1).transpose(1, 2)
+            y = (rows @ m.t()).view(n, d, -1).transpose(1, 2)
         # y: [n, mul_dst, d]
         if into:
             part = out.narrow(1, starts[i_dst], y.shape[1] * d).view(n, y.shape[1], d)
@@ -126,12 +136,41 @@ def apply_map(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) ->
         # beside the next block's, at the ASE call's peak (the backward of the linear after the convolution)
         y = rows = None
     if into:
-        for i, (mul, d) in enumerate(dst):
-            if not acc[i]:
-                out.narrow(1, starts[i], mul * d).zero_()
+        _zero_unwritten(out, dst, starts, acc)
         return out
     parts = [a if a is not None else x.new_zeros(n, m * d) for a, (m, d) in zip(acc, dst)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def _starts(blocks) -> list[int]:
+    """Each block's first column in a row of ``blocks`` (``(mul, d)`` pairs)."""
+    return [sum(m * d for m, d in blocks[:i]) for i in range(len(blocks))]
+
+
+def _zero_unwritten(out: Tensor, blocks, starts, written) -> None:
+    for i, (mul, d) in enumerate(blocks):
+        if not written[i]:
+            out.narrow(1, starts[i], mul * d).zero_()
+
+
+def _apply_map_kernel(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) -> Tensor:
+    """:func:`apply_map` on CUDA: one block kernel per instruction, reading the input block and writing (or adding
+    into) the output block in place; no transposed copies, no cuBLAS."""
+    from ..runtime.launch_plan import written
+    src, dst = (problem.blocks_out, problem.blocks_in) if transpose else (problem.blocks_in, problem.blocks_out)
+    x = x.contiguous()
+    out = written((x.shape[0], sum(m * d for m, d in dst)), x)
+    src_starts, dst_starts = _starts(src), _starts(dst)
+    done = [False] * len(dst)
+    for ins in problem.instructions:
+        i_src, i_dst = (ins.i_out, ins.i_in) if transpose else (ins.i_in, ins.i_out)
+        w = _weight_matrix(ws, ins)  # [mul_in, mul_out]: the map's B, its transpose the transposed map's
+        (mul_src, d), (mul_dst, _) = src[i_src], dst[i_dst]
+        _runtime().block_product(x.narrow(1, src_starts[i_src], mul_src * d), w.t() if transpose else w,
+                                 out.narrow(1, dst_starts[i_dst], mul_dst * d), d, accumulate=done[i_dst])
+        done[i_dst] = True
+    _zero_unwritten(out, dst, dst_starts, done)
+    return out
 
 
 def weight_gradient(problem: LinearProblem, x_in: Tensor, g_out: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from ...problem.radial import RadialRefusal
 from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
 from .. import leaf_swaps
+from . import atomic_energies as mace_atomic_energies
 from . import displacement as mace_displacement
 from . import radial as mace_radial
 from . import radial_embedding as mace_radial_embedding
@@ -183,7 +184,8 @@ def _plain_outputs(model, blocks, batch):
         del block.conv_fusion
     try:
         with mace_symmetric.plain(model), mace_skip.plain(model), mace_radial.plain(model), \
-                leaf_swaps.plain(model), mace_radial_embedding.plain(model):
+                leaf_swaps.plain(model), mace_radial_embedding.plain(model), \
+                mace_atomic_energies.plain(model):
             return run_probe(model, batch)
     finally:
         for block, fused in swapped:
@@ -238,6 +240,9 @@ def _accelerate_models(models, backend: str, deterministic: bool, check: bool, s
             mace_radial_embedding.apply(embedding)
             undo.append(lambda embedding=embedding: mace_radial_embedding.undo(embedding))
             mace_radial_embedding.set_readers(model)  # features not computed where only tables are read
+            energies = mace_atomic_energies.replacements(model)  # no cuBLAS call left in a step
+            mace_atomic_energies.apply(energies)
+            undo.append(lambda energies=energies: mace_atomic_energies.undo(energies))
             set_harmonics_readers(model)  # nor the harmonics where the walks evaluate them
             mace_displacement.install()  # process-wide and kept (see its module); the probe below covers it
             if check:
@@ -293,6 +298,7 @@ def restore(obj):
         mace_radial.restore(model)
         leaf_swaps.restore(model)
         mace_radial_embedding.restore(model)
+        mace_atomic_energies.restore(model)
         for block in model.modules():
             mace_stream.unstream_radial(block)
             conv = getattr(block, "conv_tp", None)

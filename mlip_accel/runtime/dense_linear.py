@@ -1,0 +1,41 @@
+"""The CUDA backend of one irrep block of e3nn's ``Linear`` (codegen.dense_linear), run through the one launch
+path. Importing this imports no CuPy."""
+from __future__ import annotations
+
+import torch
+
+from ..codegen.dense_linear import DenseLinearSpec, generate_dense_linear
+from ..codegen.launch_plan import GeneratedKernel
+from .launch_plan import float_dtype_name, launch
+
+_KERNELS: dict[DenseLinearSpec, GeneratedKernel] = {}
+
+
+def kernel_for(spec: DenseLinearSpec) -> GeneratedKernel:
+    hit = _KERNELS.get(spec)
+    if hit is None:
+        hit = _KERNELS[spec] = generate_dense_linear(spec)
+    return hit
+
+
+def block_product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, components: int,
+                  accumulate: bool = False) -> None:
+    """``c[n, w, i] (+)= sum_k a[n, k, i] b[k, w]`` for ``a [nodes, K * D]`` and ``c [nodes, N * D]`` (views of
+    wider rows are fine: the last dimension must be unit-stride), ``b [K, N]`` (any strides: a weight matrix or
+    its transpose), one device and float dtype, D = ``components``."""
+    nodes = a.shape[0]
+    k, n = b.shape
+    d = int(components)
+    if a.dim() != 2 or c.dim() != 2 or b.dim() != 2:
+        raise ValueError("block_product takes 2-D a, b and c")
+    if a.shape[1] != k * d or c.shape != (nodes, n * d):
+        raise ValueError(f"block_product: a {tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)} do not match "
+                         f"{d} components")
+    if (a.shape[1] > 1 and a.stride(1) != 1) or (c.shape[1] > 1 and c.stride(1) != 1):
+        raise ValueError("block_product: the rows of a and c must be unit-stride")
+    if not (a.dtype == b.dtype == c.dtype) or not (a.device == b.device == c.device):
+        raise ValueError("block_product: a, b and c must share one dtype and device")
+    spec = DenseLinearSpec(d, k, n, float_dtype_name(a.dtype, "dense-linear"), bool(accumulate))
+    kernel = kernel_for(spec)
+    launch(kernel, kernel.plan, dict(a=a, b=b, c=c, nodes=nodes, lda=a.stride(0), ldc=c.stride(0),
+                                     b_k=b.stride(0), b_n=b.stride(1), tiles=spec.tiles(nodes)), a.device)
