@@ -61,26 +61,88 @@ def test_left_alone_and_errors_are_mace_own():
         fast(torch.ones(4, 3))
 
 
+_BLAS = ("gemm", "gemv", "cublas", "xmma", "cutlass")
+_PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::einsum",
+             "aten::addmv", "aten::mv", "aten::dot")
+
+
 @pytest.mark.gpu
-def test_gpu_accelerated_step_makes_no_cublas_call():
-    """An accelerated float32 MACE model's energy + forces + stress on CUDA (MACE-MP-0-like irreps, the tables, the
-    harmonics in the walks): no cuBLAS kernel runs, so no cuBLAS workspace is allocated for it."""
+def test_gpu_accelerated_model_makes_no_cublas_call():
+    """accelerate() of a float32 MACE model on CUDA (its parity probe's original model runs on a host copy) and the
+    accelerated model's energy + forces + stress calls in eval mode (the tables, the harmonics in the walks, the
+    linears' block kernel): no cuBLAS kernel runs on the device, so cuBLAS puts nothing there."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import mlip_accel
     from mace_fixtures import batch_for, emt_structures, evaluate, tiny_model
 
-    plain = tiny_model(dtype=torch.float32).cuda()
-    fast = mlip_accel.accelerate(copy.deepcopy(plain))
+    plain = tiny_model(dtype=torch.float32).cuda().eval()
     batch = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch_for(plain, emt_structures()).items()}
-    evaluate(fast, batch)  # compiled, tables built
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    want = evaluate(plain, batch)  # e3nn's run: outside the profile
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        fast = mlip_accel.accelerate(copy.deepcopy(plain))
+        evaluate(fast, batch)  # compiled, tables built
         got = evaluate(fast, batch)
         torch.cuda.synchronize()
-    names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-    blas = [n for n in names if any(s in n.lower() for s in ("gemm", "gemv", "cublas", "xmma", "cutlass"))]
-    assert not blas, blas
+    events = prof.events()
+    names = {e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA}
+    blas = [n for n in names if any(s in n.lower() for s in _BLAS)]
+    products = sorted({f"{e.name}{e.input_shapes}" for e in events if e.name in _PRODUCTS
+                       and getattr(e, "device_time_total", getattr(e, "cuda_time_total", 0)) > 0})
+    assert not blas, (blas, products, str(mlip_accel.describe(fast)))
     assert any(n.startswith("mla_dense_linear_") for n in names), names
-    want = evaluate(plain, batch)
     for key, value in want.items():
         assert rel_err(got[key], value) <= 1e-4, key
+
+
+def test_restore_after_a_dtype_change_reads_the_converted_buffer():
+    """``model.double()`` after accelerate() converts the swap's buffer (MACE's module is outside the module tree):
+    restore() and the probe's original read it, not a stale float32 copy."""
+    import mlip_accel
+    from mace_fixtures import tiny_model
+    from mlip_accel.patches import mace as mace_patch
+
+    fast = mlip_accel.accelerate(tiny_model(dtype=torch.float32), backend="reference")
+    fast.double()
+    assert fast.atomic_energies_fn.atomic_energies.dtype == torch.float64
+    mace_patch.restore(fast)
+    assert fast.atomic_energies_fn.atomic_energies.dtype == torch.float64
+
+
+def test_host_copy_is_a_deep_copy_on_the_cpu():
+    from mlip_accel.patches.common import host_copy, reference_on_host
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model[1].weight.requires_grad_(False)
+    model.register_buffer("b", torch.ones(2))
+    copied = host_copy(model)
+    assert all(p.device.type == "cpu" for p in copied.parameters())
+    assert [p.requires_grad for p in copied.parameters()] == [p.requires_grad for p in model.parameters()]
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(copied.state_dict().values(), model.state_dict().values()))
+    x = torch.randn(5, 3)
+    out = reference_on_host(lambda m, batch: {"y": m(batch["x"])}, model, {"x": x}, torch.device("cpu"))
+    assert torch.equal(out["y"], model(x))
+
+
+def test_reference_on_host_runs_a_copy_and_falls_back_to_the_model():
+    """For a model on another device (``meta`` stands in for the GPU here) the run gets a host copy and host inputs,
+    its outputs go back to that device; a copy that cannot run falls back to the model itself."""
+    from mlip_accel.patches.common import reference_on_host
+
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    seen = []
+
+    def run(m, batch):
+        seen.append((m is model, batch["x"].device.type))
+        return {"y": m(batch["x"])}
+    out = reference_on_host(run, model, {"x": x}, torch.device("meta"))
+    assert seen == [(False, "cpu")] and out["y"].device.type == "meta" and out["y"].shape == (4, 2)
+
+    def picky(m, batch):
+        if m is not model:
+            raise RuntimeError("a device tensor outside the parameters")
+        return {"y": m(batch["x"])}
+    assert torch.equal(reference_on_host(picky, model, {"x": x}, torch.device("meta"))["y"], model(x))

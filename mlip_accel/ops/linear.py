@@ -59,6 +59,17 @@ def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
             and backends.cuda_unavailable_reason() is None)
 
 
+def matrix_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a [m, k] @ b [k, n]``, not differentiable: where the block kernel applies (:func:`_kernel_applies`) made by
+    it, no cuBLAS call (a radial table's construction, once per model), else ``a @ b``."""
+    if not _kernel_applies(a, b):
+        return a @ b
+    from ..runtime.launch_plan import written
+    out = written((a.shape[0], b.shape[1]), a)
+    _runtime().block_product(a.contiguous(), b, out, 1)
+    return out
+
+
 def no_cublas(t: Tensor) -> bool:
     """Whether the small products with ``t`` (the shifts', the cell's) are made without cuBLAS: on CUDA, with
     :data:`LINEAR_KERNEL`."""

@@ -3,6 +3,8 @@ tolerance policy, and the call of a fused convolution on the model's shared edge
 from __future__ import annotations
 
 import contextlib
+import copy
+import itertools
 
 import torch
 
@@ -97,6 +99,34 @@ def relative_error(new: torch.Tensor, old: torch.Tensor) -> float:
     scale = old.abs().max().item()
     diff = (new - old).abs().max().item()
     return diff / scale if scale > 0 else diff
+
+
+def host_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` on the CPU, its parameters and buffers copied straight to the host (a deep copy on the
+    device first would allocate the whole model there)."""
+    memo: dict = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type != "cpu" and id(t) not in memo:
+            host = t.detach().to("cpu", copy=True)
+            memo[id(t)] = torch.nn.Parameter(host, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else host
+    return copy.deepcopy(model, memo).cpu()
+
+
+def reference_on_host(run, model: torch.nn.Module, batch: dict, device: torch.device) -> dict:
+    """``run(model, batch)`` (the parity probe's original model, dict of output tensors) on a host copy of the
+    model when ``device`` is a GPU, the outputs moved back to ``device``. The original model's products are
+    cuBLAS's: run on the GPU they would leave cuBLAS's workspaces and its own device memory behind, ~0.1-0.2 GB
+    held for the process's lifetime that the accelerated model, which makes no cuBLAS call, never needs
+    (benchmarks/graph_pool_notes.md). Where the copy cannot run on the host, the probe runs on the device."""
+    if device.type == "cpu":
+        return run(model, batch)
+    try:
+        host = host_copy(model)
+        out = run(host, {k: v.cpu() if torch.is_tensor(v) else v for k, v in batch.items()})
+    except Exception:  # a module holding device tensors outside its parameters and buffers, say
+        return run(model, batch)
+    return {k: v.to(device) for k, v in out.items()}
 
 
 def compare_outputs(reference: dict, accelerated: dict, rtol: float, where: str) -> None:

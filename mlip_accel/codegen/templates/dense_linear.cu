@@ -17,15 +17,32 @@ constexpr int TX = BN / TN;                       // threads along the output ch
 constexpr int A_LOADS = BM * BK / THREADS;        // A elements each thread stages per k-tile
 constexpr int B_LOADS = BK * BN / THREADS;
 static_assert(THREADS % BK == 0 && THREADS % BN == 0 && (BM / TM) * TX == THREADS, "tile shape");
+// Shared rows padded by 16 bytes: every thread's TM (TN) values of one k start 16-byte aligned, read as vectors
+constexpr int PAD = 16 / sizeof(T);
+static_assert(TM % PAD == 0 && TN % PAD == 0, "vector reads");
+template <bool F, class A, class B> struct pick { typedef A type; };
+template <class A, class B> struct pick<false, A, B> { typedef B type; };
+typedef pick<sizeof(T) == 4, float4, double2>::type V;  // 16 bytes of T
+
+// n values of T from 16-byte aligned shared memory, 16 bytes at a time
+template <int N>
+__device__ __forceinline__ void read_vectors(T (&dst)[N], const T* src) {
+#pragma unroll
+  for (int v = 0; v < N / PAD; ++v) {
+    const V x = reinterpret_cast<const V*>(src)[v];
+    const T* parts = reinterpret_cast<const T*>(&x);
+#pragma unroll
+    for (int i = 0; i < PAD; ++i) dst[v * PAD + i] = parts[i];
+  }
+}
 }
 
 extern "C" __global__ void __launch_bounds__(${threads}) ${kernel}(
     ${parameters})
 {
-  // k-major tiles: a thread's TM rows (TN channels) of one k are contiguous; +1 word keeps the staging stores
-  // from landing in one bank
-  __shared__ T As[BK][BM + 1];
-  __shared__ T Bs[BK][BN + 1];
+  // k-major tiles: a thread's TM rows (TN channels) of one k are contiguous and 16-byte aligned
+  alignas(16) __shared__ T As[BK][BM + PAD];
+  alignas(16) __shared__ T Bs[BK][BN + PAD];
   const long long tile = blockIdx.x;
   if (tile >= tiles) return;
   const long long tile_r = tile / COL_TILES;
@@ -45,31 +62,40 @@ extern "C" __global__ void __launch_bounds__(${threads}) ${kernel}(
   const int bw = tid % BN;  // staged B: channel w0 + bw, k offsets (tid + q * THREADS) / BN
   const bool b_ok = w0 + bw < N;
 
+  // the next k-tile's elements are loaded into registers while the current one is multiplied
+  T ra[A_LOADS], rb[B_LOADS];
+  auto load = [&](int k0) {
+#pragma unroll
+    for (int q = 0; q < A_LOADS; ++q) {
+      const int k = k0 + ak;
+      ra[q] = (arow[q] != nullptr && k < K) ? arow[q][(long long)k * D] : (T)0;
+    }
+#pragma unroll
+    for (int q = 0; q < B_LOADS; ++q) {
+      const int k = k0 + (tid + q * THREADS) / BN;
+      rb[q] = (b_ok && k < K) ? ld_keep(b + k * b_k + (w0 + bw) * b_n) : (T)0;
+    }
+  };
+
   T acc[TM][TN];
 #pragma unroll
   for (int i = 0; i < TM; ++i)
 #pragma unroll
     for (int j = 0; j < TN; ++j) acc[i][j] = (T)0;
 
+  load(0);
   for (int k0 = 0; k0 < K; k0 += BK) {
 #pragma unroll
-    for (int q = 0; q < A_LOADS; ++q) {
-      const int k = k0 + ak;
-      As[ak][(tid + q * THREADS) / BK] = (arow[q] != nullptr && k < K) ? arow[q][(long long)k * D] : (T)0;
-    }
+    for (int q = 0; q < A_LOADS; ++q) As[ak][(tid + q * THREADS) / BK] = ra[q];
 #pragma unroll
-    for (int q = 0; q < B_LOADS; ++q) {
-      const int kk = (tid + q * THREADS) / BN, k = k0 + kk;
-      Bs[kk][bw] = (b_ok && k < K) ? ld_keep(b + k * b_k + (w0 + bw) * b_n) : (T)0;
-    }
+    for (int q = 0; q < B_LOADS; ++q) Bs[(tid + q * THREADS) / BN][bw] = rb[q];
     __syncthreads();
+    if (k0 + BK < K) load(k0 + BK);
 #pragma unroll
     for (int kk = 0; kk < BK; ++kk) {
       T av[TM], bv[TN];
-#pragma unroll
-      for (int i = 0; i < TM; ++i) av[i] = As[kk][ty * TM + i];
-#pragma unroll
-      for (int j = 0; j < TN; ++j) bv[j] = Bs[kk][tx * TN + j];
+      read_vectors(av, &As[kk][ty * TM]);
+      read_vectors(bv, &Bs[kk][tx * TN]);
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll

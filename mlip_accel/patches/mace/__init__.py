@@ -14,7 +14,7 @@ from ...graph import EdgeSortCache
 from ...ops.radial_table import check_table_option
 from ...problem.e3nn_compat import o3
 from ...problem.radial import RadialRefusal
-from ..common import check_not_inference, check_options, compare_outputs, swap_transaction
+from ..common import check_not_inference, check_options, compare_outputs, reference_on_host, swap_transaction
 from ..edge_stream import check_stream_option, report as stream_report
 from .. import leaf_swaps
 from . import atomic_energies as mace_atomic_energies
@@ -26,7 +26,7 @@ from . import stream as mace_stream
 from . import symmetric as mace_symmetric
 from . import virials as mace_virials
 from .conv import MACEFusedConv, set_harmonics_readers
-from .probe import probe_batch, run_probe, tolerance
+from .probe import model_device, probe_batch, run_probe, tolerance
 
 CONV_FUSION_TAG = "mlip_accel"
 
@@ -186,7 +186,7 @@ def _plain_outputs(model, blocks, batch):
         with mace_symmetric.plain(model), mace_skip.plain(model), mace_radial.plain(model), \
                 leaf_swaps.plain(model), mace_radial_embedding.plain(model), \
                 mace_atomic_energies.plain(model):
-            return run_probe(model, batch)
+            return reference_on_host(run_probe, model, batch, model_device(model))
     finally:
         for block, fused in swapped:
             block.conv_tp = fused

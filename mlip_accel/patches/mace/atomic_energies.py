@@ -27,7 +27,11 @@ class AtomicEnergiesSum(ReadsLikeOriginal, torch.nn.Module):
 
     @property
     def original(self) -> torch.nn.Module:
-        return self._original[0]
+        """MACE's module, reading this module's buffer: ``model.to()`` or ``load_state_dict(assign=True)`` replace
+        the buffer here only (MACE's module is outside the module tree), and the probe and ``restore()`` read it."""
+        original = self._original[0]
+        original._buffers["atomic_energies"] = self._buffers["atomic_energies"]
+        return original
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         energies = torch.atleast_2d(self.atomic_energies).T.to(dtype=x.dtype, device=x.device)  # [elements, heads]

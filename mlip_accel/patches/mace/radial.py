@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from ...ops.activation import silu as fused_silu
+from ...ops.linear import matrix_product
 from ...ops.radial_table import TableCache, check_table_option, table_applies, table_lookup
 from ...ops.split_matmul import exact_mm
 from ...ops.tabulated_conv import tabulated_placeholder
@@ -170,7 +171,7 @@ class FoldedRadialMLP(torch.nn.Sequential):
         x = reference_embedding.radial_basis(r, bessel.bessel_weights.detach().to(dt), bessel.prefactor.to(dt),
                                              cutoff.r_max.to(dt), cutoff.p.to(dt))
         for layer in self:
-            x = x @ (layer.weight.detach().to(dt) * layer.scale)
+            x = matrix_product(x, layer.weight.detach().to(dt) * layer.scale)  # no cuBLAS on the device
             if layer.silu:
                 x = torch.nn.functional.silu(x)
         return x
