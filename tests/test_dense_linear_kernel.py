@@ -191,3 +191,21 @@ def test_gpu_linear_kernel_matches_cublas_and_launches_no_gemm(monkeypatch, dtyp
     names = {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
     assert any(n.startswith("mla_dense_linear_") for n in names), names
     assert not [n for n in names if "gemm" in n.lower()], names
+
+
+@emulated_only
+def test_emulated_matrix_product_with_its_forward_derivative(emulated, monkeypatch):
+    """ops.linear.matrix_product (a radial table's network): values and torch.func.jvp's tangent through the kernel
+    (functorch hands the autograd Function plain tensors), equal to torch's products."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(130, 9, generator=g, dtype=torch.float64), torch.randn(9, 70, generator=g, dtype=torch.float64)
+    ta = torch.randn(130, 9, generator=g, dtype=torch.float64)
+    want = torch.func.jvp(lambda x: torch.sin(x @ b) @ b.t(), (a,), (ta,))
+    monkeypatch.setattr(ops, "_kernel_applies", lambda x, ws: ops.backends.plain_tensors(x, ws))
+    before = len(emulated.launches)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = torch.func.jvp(lambda x: ops.matrix_product(torch.sin(ops.matrix_product(x, b)), b.t()), (a,), (ta,))
+    assert not [e.name for e in prof.events() if e.name in ("aten::mm", "aten::matmul", "aten::addmm")]
+    assert {name for name, *_ in emulated.launches[before:]} == {"mla_dense_linear_1x9x70_f64", "mla_dense_linear_1x70x9_f64"}
+    for g_, w_ in zip(got, want):
+        assert rel_err(g_, w_) <= 1e-14

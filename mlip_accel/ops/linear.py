@@ -59,15 +59,46 @@ def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
             and backends.cuda_unavailable_reason() is None)
 
 
-def matrix_product(a: Tensor, b: Tensor) -> Tensor:
-    """``a [m, k] @ b [k, n]``, not differentiable: where the block kernel applies (:func:`_kernel_applies`) made by
-    it, no cuBLAS call (a radial table's construction, once per model), else ``a @ b``."""
+def _product_without_cublas(a: Tensor, b: Tensor) -> Tensor:
     if not _kernel_applies(a, b):
         return a @ b
     from ..runtime.launch_plan import written
     out = written((a.shape[0], b.shape[1]), a)
     _runtime().block_product(a.contiguous(), b, out, 1)
     return out
+
+
+class _MatrixProduct(torch.autograd.Function):
+    """``a @ b`` with a forward-mode derivative (``torch.func.jvp``: a radial table's derivative check), each
+    product through :func:`_product_without_cublas` on the plain tensors autograd.Function hands over."""
+
+    @staticmethod
+    def forward(a, b):
+        return _product_without_cublas(a, b)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_forward(*inputs)
+
+    @staticmethod
+    def jvp(ctx, ta, tb):
+        a, b = ctx.saved_tensors  # functorch may hand these over wrapped: products by the Function itself
+        out = None if ta is None else _MatrixProduct.apply(ta, b)
+        if tb is not None:
+            part = _MatrixProduct.apply(a, tb)
+            out = part if out is None else out + part
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("matrix_product has no reverse-mode derivative: use a @ b where one is needed")
+
+
+def matrix_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a [m, k] @ b [k, n]`` with forward-mode derivatives only (``torch.func.jvp``): where the block kernel
+    applies (:func:`_kernel_applies`) made by it, no cuBLAS call (a radial table's construction and its accuracy
+    check, once per model), else ``a @ b``."""
+    return _MatrixProduct.apply(a, b)
 
 
 def no_cublas(t: Tensor) -> bool:
