@@ -6,15 +6,17 @@
 # and CUBLAS_WORKSPACE_CONFIG=:0:0) the ASE call at 216 / 1000 / 8000 atoms (Symmetrix-XL in each run) and the
 # 8000-atom peak; first the linears alone (bench_irreps_linear.py, kernel against cuBLAS). Results under $OUT:
 # summary.txt, gpu_tests.log, bench_irreps_linear_mace_float32.{json,md}, no_cublas.tgz. VARIANTS picks (default:
-# "default cublas"; ~3 minutes each).
+# "default cublas"; ~2 minutes each); CELLS (default "3 5 10"), SKIP_PEAK, SKIP_BENCH, SKIP_TESTS and TESTS
+# (pytest files) narrow a call.
 #
 #   OUT=/path bash scripts/gpu_check_no_cublas.sh
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_no_cublas || exit 1
 mkdir -p "$OUT/c"
-[[ -n ${SKIP_TESTS:-} ]] || gpu_tests mace 100 gpu_tests test_dense_linear_kernel.py test_mace_atomic_energies.py test_irreps_linear.py \
-  test_mace_displacement.py
+# shellcheck disable=SC2086  # TESTS is a list of files
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests mace 100 gpu_tests \
+  ${TESTS:-test_dense_linear_kernel.py test_mace_atomic_energies.py test_irreps_linear.py test_mace_displacement.py}
 [[ -n ${SKIP_BENCH:-} ]] || {
   timeout 120 bash -c "py_mace scripts/bench_irreps_linear.py --framework mace --nodes 1000 8000 --out $OUT" \
     2>&1 | grep "^|" | tail -n 12
@@ -27,9 +29,10 @@ for variant in ${VARIANTS:-default cublas}; do
     no_workspace) envs="MLIP_ACCEL_LINEAR_KERNEL=0 CUBLAS_WORKSPACE_CONFIG=:0:0" ;;
   esac
   mkdir -p "$OUT/c/$variant"
-  timeout 110 bash -c "$envs py_mace scripts/profile_ase_call.py --cells 3 5 10 --reps 30 --no-profile \
+  timeout 110 bash -c "$envs py_mace scripts/profile_ase_call.py --cells ${CELLS:-3 5 10} --reps 30 --no-profile \
     --out $OUT/c/$variant" 2>&1 | grep "^|.*ASE call\|^# " | sed "s/^/$variant: /"
   stage "profile_$variant" ${PIPESTATUS[0]}
+  [[ -n ${SKIP_PEAK:-} ]] && continue
   timeout 90 bash -c "$envs py_mace scripts/peak_device_memory.py --cells 10 --engines graphs eager \
     --out $OUT/c/$variant --tag _10c" 2>&1 | grep "^| 8000" | sed "s/^/$variant: /"
   stage "peak_$variant" ${PIPESTATUS[0]}

@@ -235,13 +235,14 @@ DENSE_LINEAR_SPECS = [(1, 128, 128, False), (3, 128, 128, True), (7, 128, 128, F
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_dense_linear_compiles_with_nvrtc(dtype, arch):
-    from mlip_accel.codegen.dense_linear import DenseLinearSpec, generate_dense_linear
+    from mlip_accel.codegen.dense_linear import ROW_TILES, DenseLinearSpec, generate_dense_linear
 
     for d, k, n, accumulate in DENSE_LINEAR_SPECS:
-        kernel = generate_dense_linear(DenseLinearSpec(d, k, n, dtype, accumulate))
-        size, error = _compile((kernel.source, arch, kernel.plan.kernel))
-        assert error is None, error
-        assert size > 0
+        for bm in ROW_TILES:
+            kernel = generate_dense_linear(DenseLinearSpec(d, k, n, dtype, accumulate, bm))
+            size, error = _compile((kernel.source, arch, kernel.plan.kernel))
+            assert error is None, error
+            assert size > 0
 
 
 def _assert_program_compiles(program, arch: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cuda_emulator
-from mlip_accel.codegen.dense_linear import BM, BN, DenseLinearSpec, generate_dense_linear
+from mlip_accel.codegen.dense_linear import BM, BN, ROW_TILES, SMALL_BM, DenseLinearSpec, generate_dense_linear
 from mlip_accel.codegen.launch_plan import LaunchPlan
 from mlip_accel.ops import linear as ops
 from mlip_accel.runtime import dense_linear as runtime
@@ -39,32 +39,46 @@ def test_plan_states_the_launch_contract():
         DenseLinearSpec(1, 2, 3, "float16")
     with pytest.raises(ValueError, match="inner"):
         DenseLinearSpec(1, 0, 3, "float32")
+    with pytest.raises(ValueError, match="bm"):
+        DenseLinearSpec(1, 2, 3, "float32", bm=64)
+    small = DenseLinearSpec(3, 128, 96, "float32", bm=SMALL_BM)
+    assert small.kernel_name != DenseLinearSpec(3, 128, 96, "float32").kernel_name
+    assert small.tiles(100) == -(-300 // SMALL_BM) * -(-96 // BN)
+
+
+def test_small_systems_get_the_short_tiles():
+    """128-row tiles once they fill the GPU (two per SM), 32-row ones below."""
+    spec, cpu = DenseLinearSpec(7, 128, 128, "float32"), torch.device("cpu")  # counted as 132 SMs
+    assert runtime.rows_per_tile(spec, 216, cpu) == SMALL_BM
+    assert runtime.rows_per_tile(spec, 8000, cpu) == BM
+    assert runtime.rows_per_tile(DenseLinearSpec(1, 128, 128, "float32"), 8000, cpu) == SMALL_BM
 
 
 @emulated_only
+@pytest.mark.parametrize("rows", ROW_TILES, ids=[f"r{r}" for r in ROW_TILES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 @pytest.mark.parametrize("shape", [(1, 5, 3, 7), (45, 3, 17, 70), (11, 7, 20, 5)], ids=["l0", "l1-tails", "l3"])
-def test_emulated_block_product_equals_the_dense_sum(emulated, shape, dtype):
+def test_emulated_block_product_equals_the_dense_sum(emulated, shape, dtype, rows):
     """A block read from and written into wider rows (the columns beside it untouched), the weights as stored and
-    transposed, then added into the same block."""
+    transposed, then added into the same block; each tile height."""
     nodes, d, k, n = shape
     g = torch.Generator().manual_seed(sum(shape))
     x = torch.randn(nodes, 4 + k * d + 3, generator=g, dtype=torch.float64).to(dtype)
     w = torch.randn(k, n, generator=g, dtype=torch.float64).to(dtype)
     out = torch.full((nodes, 2 + n * d + 5), 7.0, dtype=dtype)
     a, c = x.narrow(1, 4, k * d), out.narrow(1, 2, n * d)
-    runtime.block_product(a, w, c, d)
+    runtime.block_product(a, w, c, d, rows=rows)
     assert rel_err(c, _block_sum(a, w, d)) <= TOL[dtype]
     assert (out[:, :2] == 7).all() and (out[:, 2 + n * d:] == 7).all()
     first = c.clone()
     wt = torch.randn(n, k, generator=g, dtype=torch.float64).to(dtype)
-    runtime.block_product(a, wt.t(), c, d, accumulate=True)  # B read through its strides (the transposed map)
+    runtime.block_product(a, wt.t(), c, d, accumulate=True, rows=rows)  # B read through its strides (the transposed map)
     assert rel_err(c, first.double() + _block_sum(a, wt.t(), d)) <= TOL[dtype]
     again = out.clone()
-    runtime.block_product(a, w, again.narrow(1, 2, n * d), d)
-    runtime.block_product(a, wt.t(), again.narrow(1, 2, n * d), d, accumulate=True)
+    runtime.block_product(a, w, again.narrow(1, 2, n * d), d, rows=rows)
+    runtime.block_product(a, wt.t(), again.narrow(1, 2, n * d), d, accumulate=True, rows=rows)
     assert torch.equal(again, out)  # a fixed summation order: bitwise the same
-    assert emulated.launches[-1][0] == DenseLinearSpec(d, k, n, str(dtype)[6:], True).kernel_name
+    assert emulated.launches[-1][0] == DenseLinearSpec(d, k, n, str(dtype)[6:], True, rows).kernel_name
 
 
 @emulated_only
@@ -206,6 +220,7 @@ def test_emulated_matrix_product_with_its_forward_derivative(emulated, monkeypat
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = torch.func.jvp(lambda x: ops.matrix_product(torch.sin(ops.matrix_product(x, b)), b.t()), (a,), (ta,))
     assert not [e.name for e in prof.events() if e.name in ("aten::mm", "aten::matmul", "aten::addmm")]
-    assert {name for name, *_ in emulated.launches[before:]} == {"mla_dense_linear_1x9x70_f64", "mla_dense_linear_1x70x9_f64"}
+    assert {name.split("_r")[0].removesuffix("_f64") for name, *_ in emulated.launches[before:]} == {
+        "mla_dense_linear_1x9x70", "mla_dense_linear_1x70x9"}
     for g_, w_ in zip(got, want):
         assert rel_err(g_, w_) <= 1e-14

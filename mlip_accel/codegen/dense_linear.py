@@ -17,8 +17,11 @@ from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTE
 FAMILY = "dense_linear"
 DTYPES = ("float32", "float64")
 # The tile: BM rows (node components) x BN output channels, BK inner channels per shared-memory stage, THREADS
-# threads each owning a TM x TN patch of the tile (16 x 16 threads).
-BM, BN, BK, TM, TN, THREADS = 128, 64, 16, 8, 4, 256
+# threads (16 x 16) each owning a (BM / 16) x TN patch of the tile. BM is 128, or 32 where 128-row tiles would
+# leave most of the GPU idle (small systems: runtime.dense_linear picks).
+BM, BN, BK, TN, THREADS = 128, 64, 16, 4, 256
+SMALL_BM = 32
+ROW_TILES = (BM, SMALL_BM)
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 
 
@@ -32,10 +35,13 @@ class DenseLinearSpec:
     cols: int
     dtype: str
     accumulate: bool = False
+    bm: int = BM  # rows per tile, one of ROW_TILES
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.bm not in ROW_TILES:
+            raise ValueError(f"bm must be one of {ROW_TILES}, got {self.bm!r}")
         for name in ("components", "inner", "cols"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -43,7 +49,7 @@ class DenseLinearSpec:
     @property
     def kernel_name(self) -> str:
         return (f"mla_dense_linear_{self.components}x{self.inner}x{self.cols}{'_acc' if self.accumulate else ''}"
-                f"_{_SUFFIX[self.dtype]}")
+                f"{'' if self.bm == BM else f'_r{self.bm}'}_{_SUFFIX[self.dtype]}")
 
     @property
     def col_tiles(self) -> int:
@@ -51,7 +57,7 @@ class DenseLinearSpec:
 
     def tiles(self, nodes: int) -> int:
         """Blocks of one launch over ``nodes`` nodes (the grid rule's items)."""
-        return -(-nodes * self.components // BM) * self.col_tiles
+        return -(-nodes * self.components // self.bm) * self.col_tiles
 
 
 def _arguments(spec: DenseLinearSpec) -> tuple[Argument, ...]:
@@ -71,12 +77,12 @@ def _arguments(spec: DenseLinearSpec) -> tuple[Argument, ...]:
 def generate_dense_linear(spec: DenseLinearSpec) -> GeneratedKernel:
     plan = LaunchPlan(family=FAMILY, kernel=spec.kernel_name, arguments=_arguments(spec),
                       grid=GridRule(items="tiles", threads_per_item=THREADS, block_threads=THREADS),
-                      tuning=(("bm", BM), ("bn", BN), ("bk", BK)))
+                      tuning=(("bm", spec.bm), ("bn", BN), ("bk", BK)))
     d, k, n = spec.components, spec.inner, spec.cols
     source = template("dense_linear.cu").substitute(
         description=f"[N, {k}, {d}] x [{k}, {n}] -> [N, {n}, {d}]{' added' if spec.accumulate else ''}, {spec.dtype}",
         prelude=template("prelude.cuh").substitute(scalar=POINTER_TYPES[spec.dtype]),
         kernel=spec.kernel_name, parameters=plan.parameters(), d=d, k=k, n=n,
         col_tiles=spec.col_tiles, accumulate="true" if spec.accumulate else "false",
-        bm=BM, bn=BN, bk=BK, tm=TM, tn=TN, threads=THREADS)
+        bm=spec.bm, bn=BN, bk=BK, tm=spec.bm // (THREADS // (BN // TN)), tn=TN, threads=THREADS)
     return GeneratedKernel(source=source, plan=plan)

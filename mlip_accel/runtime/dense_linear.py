@@ -2,13 +2,29 @@
 path. Importing this imports no CuPy."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
-from ..codegen.dense_linear import DenseLinearSpec, generate_dense_linear
+from ..codegen.dense_linear import BM, SMALL_BM, DenseLinearSpec, generate_dense_linear
 from ..codegen.launch_plan import GeneratedKernel
 from .launch_plan import float_dtype_name, launch
 
 _KERNELS: dict[DenseLinearSpec, GeneratedKernel] = {}
+BLOCKS_PER_SM = 2  # 128-row tiles resident per SM (127 registers x 256 threads, sm_90)
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+
+
+def rows_per_tile(spec: DenseLinearSpec, nodes: int, device: torch.device) -> int:
+    """128-row tiles, or 32-row ones where the 128-row tiles would not fill the GPU once (small systems: a
+    216-atom MACE step's linears ran on 24 of an H200's 132 SMs)."""
+    large = dataclasses.replace(spec, bm=BM).tiles(nodes)
+    return BM if large >= BLOCKS_PER_SM * _multiprocessors(device) else SMALL_BM
 
 
 def kernel_for(spec: DenseLinearSpec) -> GeneratedKernel:
@@ -19,10 +35,11 @@ def kernel_for(spec: DenseLinearSpec) -> GeneratedKernel:
 
 
 def block_product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, components: int,
-                  accumulate: bool = False) -> None:
+                  accumulate: bool = False, rows: int | None = None) -> None:
     """``c[n, w, i] (+)= sum_k a[n, k, i] b[k, w]`` for ``a [nodes, K * D]`` and ``c [nodes, N * D]`` (views of
     wider rows are fine: the last dimension must be unit-stride), ``b [K, N]`` (any strides: a weight matrix or
-    its transpose), one device and float dtype, D = ``components``."""
+    its transpose), one device and float dtype, D = ``components``; ``rows`` per tile chosen by
+    :func:`rows_per_tile` unless given (tests)."""
     nodes = a.shape[0]
     k, n = b.shape
     d = int(components)
@@ -36,6 +53,8 @@ def block_product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, components:
     if not (a.dtype == b.dtype == c.dtype) or not (a.device == b.device == c.device):
         raise ValueError("block_product: a, b and c must share one dtype and device")
     spec = DenseLinearSpec(d, k, n, float_dtype_name(a.dtype, "dense-linear"), bool(accumulate))
+    bm = rows_per_tile(spec, nodes, a.device) if rows is None else rows
+    spec = spec if bm == spec.bm else dataclasses.replace(spec, bm=bm)
     kernel = kernel_for(spec)
     launch(kernel, kernel.plan, dict(a=a, b=b, c=c, nodes=nodes, lda=a.stride(0), ldc=c.stride(0),
                                      b_k=b.stride(0), b_n=b.stride(1), tiles=spec.tiles(nodes)), a.device)

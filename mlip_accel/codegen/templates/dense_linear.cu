@@ -19,20 +19,22 @@ constexpr int B_LOADS = BK * BN / THREADS;
 static_assert(THREADS % BK == 0 && THREADS % BN == 0 && (BM / TM) * TX == THREADS, "tile shape");
 // Shared rows padded by 16 bytes: every thread's TM (TN) values of one k start 16-byte aligned, read as vectors
 constexpr int PAD = 16 / sizeof(T);
-static_assert(TM % PAD == 0 && TN % PAD == 0, "vector reads");
 template <bool F, class A, class B> struct pick { typedef A type; };
 template <class A, class B> struct pick<false, A, B> { typedef B type; };
 typedef pick<sizeof(T) == 4, float4, double2>::type V;  // 16 bytes of T
 
-// n values of T from 16-byte aligned shared memory, 16 bytes at a time
-template <int N>
-__device__ __forceinline__ void read_vectors(T (&dst)[N], const T* src) {
+// L values of T from shared memory: 16 bytes at a time where L fills whole vectors (the rows' 16-byte alignment),
+// else one at a time
+template <int L>
+__device__ __forceinline__ void read_vectors(T (&dst)[L], const T* src) {
+  constexpr int W = L % PAD == 0 ? PAD : 1;
+  typedef typename pick<W == PAD, V, T>::type C;
 #pragma unroll
-  for (int v = 0; v < N / PAD; ++v) {
-    const V x = reinterpret_cast<const V*>(src)[v];
+  for (int v = 0; v < L / W; ++v) {
+    const C x = reinterpret_cast<const C*>(src)[v];
     const T* parts = reinterpret_cast<const T*>(&x);
 #pragma unroll
-    for (int i = 0; i < PAD; ++i) dst[v * PAD + i] = parts[i];
+    for (int i = 0; i < W; ++i) dst[v * W + i] = parts[i];
   }
 }
 }
