@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from .emit import template
-from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTER_TYPES
+from .launch_plan import Argument, GeneratedKernel, GridRule, LaunchPlan, POINTER_TYPES, scalars
 
 FAMILY = "dense_linear"
 DTYPES = ("float32", "float64")
@@ -66,12 +66,7 @@ def _arguments(spec: DenseLinearSpec) -> tuple[Argument, ...]:
     return (Argument("a", f"const {t}*", "input", f"[nodes, lda]: node n's block [{k}, {d}] at a + n * lda"),
             Argument("b", f"const {t}*", "input", f"[{k}, {n}] at b + k * b_k + w * b_n"),
             Argument("c", f"{t}*", "output", f"[nodes, ldc]: node n's block [{n}, {d}] at c + n * ldc"),
-            Argument("nodes", "long long", "scalar"),
-            Argument("lda", "long long", "scalar"),
-            Argument("ldc", "long long", "scalar"),
-            Argument("b_k", "long long", "scalar"),
-            Argument("b_n", "long long", "scalar"),
-            Argument("tiles", "long long", "scalar"))
+            *scalars("nodes", "lda", "ldc", "b_k", "b_n", "tiles"))
 
 
 def generate_dense_linear(spec: DenseLinearSpec) -> GeneratedKernel:

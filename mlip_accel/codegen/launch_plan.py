@@ -41,6 +41,11 @@ class Argument:
         return next(name for name, c in POINTER_TYPES.items() if c == base)
 
 
+def scalars(*names: str) -> tuple[Argument, ...]:
+    """``long long`` scalar arguments, in order (sizes, strides, counts)."""
+    return tuple(Argument(name, "long long", "scalar") for name in names)
+
+
 @dataclasses.dataclass(frozen=True)
 class GridRule:
     """``threads_per_item`` threads per work item, ``block_threads`` per block along x; the items are the

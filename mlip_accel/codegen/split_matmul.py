@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from .emit import template
-from .launch_plan import Argument, GridRule, LaunchPlan
+from .launch_plan import Argument, GridRule, LaunchPlan, scalars
 
 FAMILY = "split_matmul"
 LAYOUTS = ("n", "t")
@@ -111,15 +111,7 @@ def _arguments(spec: SplitMatmulSpec) -> tuple[Argument, ...]:
     return (Argument("a", "const float*", "input", _layout("a", spec.a_layout, "m", "k")),
             Argument("b", "const float*", "input", _layout("b", spec.b_layout, "k", "n")),
             Argument("c", "float*", "output", "[splits, m, n] row-major (splits = blocks / (tiles_m * tiles_n))"),
-            Argument("m", "long long", "scalar"),
-            Argument("n", "long long", "scalar"),
-            Argument("k", "long long", "scalar"),
-            Argument("lda", "long long", "scalar"),
-            Argument("ldb", "long long", "scalar"),
-            Argument("k_chunk", "long long", "scalar"),
-            Argument("tiles_m", "long long", "scalar"),
-            Argument("tiles_n", "long long", "scalar"),
-            Argument("blocks", "long long", "scalar"))
+            *scalars("m", "n", "k", "lda", "ldb", "k_chunk", "tiles_m", "tiles_n", "blocks"))
 
 
 def _reduce_arguments() -> tuple[Argument, ...]:
