@@ -60,12 +60,7 @@ def _kernel_applies(x: Tensor, ws: Tensor) -> bool:
 
 
 def _product_without_cublas(a: Tensor, b: Tensor) -> Tensor:
-    if not _kernel_applies(a, b):
-        return a @ b
-    from ..runtime.launch_plan import written
-    out = written((a.shape[0], b.shape[1]), a)
-    _runtime().block_product(a.contiguous(), b, out, 1)
-    return out
+    return _runtime().product(a, b) if _kernel_applies(a, b) else a @ b
 
 
 class _MatrixProduct(torch.autograd.Function):
@@ -198,10 +193,9 @@ def _zero_unwritten(out: Tensor, blocks, starts, written) -> None:
 def _apply_map_kernel(problem: LinearProblem, x: Tensor, ws: Tensor, transpose: bool) -> Tensor:
     """:func:`apply_map` on CUDA: one block kernel per instruction, reading the input block and writing (or adding
     into) the output block in place; no transposed copies, no cuBLAS."""
-    from ..runtime.launch_plan import written
     src, dst = (problem.blocks_out, problem.blocks_in) if transpose else (problem.blocks_in, problem.blocks_out)
     x = x.contiguous()
-    out = written((x.shape[0], sum(m * d for m, d in dst)), x)
+    out = _runtime().output(x.shape[0], sum(m * d for m, d in dst), x)
     src_starts, dst_starts = _starts(src), _starts(dst)
     done = [False] * len(dst)
     for ins in problem.instructions:

@@ -9,7 +9,7 @@ import torch
 
 from ..codegen.dense_linear import BM, SMALL_BM, DenseLinearSpec, generate_dense_linear
 from ..codegen.launch_plan import GeneratedKernel
-from .launch_plan import float_dtype_name, launch
+from .launch_plan import float_dtype_name, launch, written
 
 _KERNELS: dict[DenseLinearSpec, GeneratedKernel] = {}
 BLOCKS_PER_SM = 2  # 128-row tiles resident per SM (127 registers x 256 threads, sm_90)
@@ -21,8 +21,8 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 def rows_per_tile(spec: DenseLinearSpec, nodes: int, device: torch.device) -> int:
-    """128-row tiles, or 32-row ones where the 128-row tiles would not fill the GPU once (small systems: a
-    216-atom MACE step's linears ran on 24 of an H200's 132 SMs)."""
+    """128-row tiles, or 32-row ones where the 128-row tiles would not make one full wave of BLOCKS_PER_SM per SM
+    (small systems: a 216-atom MACE step's linears ran on 24 of an H200's 132 SMs)."""
     large = dataclasses.replace(spec, bm=BM).tiles(nodes)
     return BM if large >= BLOCKS_PER_SM * _multiprocessors(device) else SMALL_BM
 
@@ -58,3 +58,15 @@ def block_product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, components:
     kernel = kernel_for(spec)
     launch(kernel, kernel.plan, dict(a=a, b=b, c=c, nodes=nodes, lda=a.stride(0), ldc=c.stride(0),
                                      b_k=b.stride(0), b_n=b.stride(1), tiles=spec.tiles(nodes)), a.device)
+
+
+def product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a [m, k] @ b [k, n]`` (a plain matrix product: one component per row), a new tensor."""
+    out = written((a.shape[0], b.shape[1]), a)
+    block_product(a.contiguous(), b, out, 1)
+    return out
+
+
+def output(nodes: int, width: int, like: torch.Tensor) -> torch.Tensor:
+    """A ``[nodes, width]`` output whose blocks the kernels write (NaN-poisoned in debug mode)."""
+    return written((nodes, width), like)
