@@ -224,3 +224,18 @@ def test_emulated_matrix_product_with_its_forward_derivative(emulated, monkeypat
         "mla_dense_linear_1x9x70", "mla_dense_linear_1x70x9"}
     for g_, w_ in zip(got, want):
         assert rel_err(g_, w_) <= 1e-14
+
+
+@emulated_only
+def test_emulated_no_nodes_and_one_node(emulated):
+    """No rows: nothing launched, an empty output; one node of a wide block: the tails of every tile masked."""
+    w = torch.randn(5, 70, dtype=torch.float64)
+    empty = torch.empty(0, 70 * 3, dtype=torch.float64)
+    before = len(emulated.launches)
+    runtime.block_product(torch.empty(0, 15, dtype=torch.float64), w, empty, 3)
+    assert len(emulated.launches) == before and empty.shape == (0, 210)
+    a = torch.randn(1, 15, dtype=torch.float64)
+    assert rel_err(runtime.product(a.view(3, 5), w), a.view(3, 5) @ w) <= 1e-14
+    c = torch.empty(1, 210, dtype=torch.float64)
+    runtime.block_product(a, w, c, 3)
+    assert rel_err(c, _block_sum(a, w, 3)) <= 1e-14
