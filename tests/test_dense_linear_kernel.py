@@ -87,6 +87,8 @@ def test_emulated_block_product_refuses_what_it_cannot_read():
     x, w = torch.randn(4, 6, **f32), torch.randn(3, 5, **f32)
     with pytest.raises(ValueError, match="do not match"):
         runtime.block_product(x, w, torch.empty(4, 9, **f32), 2)
+    with pytest.raises(ValueError, match="2-D"):
+        runtime.block_product(x, w.reshape(15), torch.empty(4, 10, **f32), 2)
     with pytest.raises(ValueError, match="unit-stride"):
         runtime.block_product(torch.randn(6, 4, **f32).t(), w, torch.empty(4, 10, **f32), 2)
     with pytest.raises(ValueError, match="one dtype"):

@@ -40,11 +40,11 @@ def block_product(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, components:
     wider rows are fine: the last dimension must be unit-stride), ``b [K, N]`` (any strides: a weight matrix or
     its transpose), one device and float dtype, D = ``components``; ``rows`` per tile chosen by
     :func:`rows_per_tile` unless given (tests)."""
+    if a.dim() != 2 or c.dim() != 2 or b.dim() != 2:
+        raise ValueError("block_product takes 2-D a, b and c")
     nodes = a.shape[0]
     k, n = b.shape
     d = int(components)
-    if a.dim() != 2 or c.dim() != 2 or b.dim() != 2:
-        raise ValueError("block_product takes 2-D a, b and c")
     if a.shape[1] != k * d or c.shape != (nodes, n * d):
         raise ValueError(f"block_product: a {tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)} do not match "
                          f"{d} components")
