@@ -7,7 +7,8 @@
 # 8000-atom peak; first the linears alone (bench_irreps_linear.py, kernel against cuBLAS). Results under $OUT:
 # summary.txt, gpu_tests.log, bench_irreps_linear_mace_float32.{json,md}, no_cublas.tgz. VARIANTS picks (default:
 # "default cublas"; ~2 minutes each); CELLS (default "3 5 10"), SKIP_PEAK, SKIP_BENCH, SKIP_TESTS and TESTS
-# (pytest files) narrow a call.
+# (pytest files) narrow a call; ACCOUNT=1 adds memory_accounting.py at 8000 atoms with graphs (where the graphed
+# call's peak is made: the sampled highs of the device memory in use with the main thread's frames).
 #
 #   OUT=/path bash scripts/gpu_check_no_cublas.sh
 set -uo pipefail
@@ -37,6 +38,12 @@ for variant in ${VARIANTS:-default cublas}; do
     --out $OUT/c/$variant --tag _10c" 2>&1 | grep "^| 8000" | sed "s/^/$variant: /"
   stage "peak_$variant" ${PIPESTATUS[0]}
 done
+[[ -z ${ACCOUNT:-} ]] || {
+  timeout 150 bash -c "py_mace scripts/memory_accounting.py --cells 10 --modes graphs --out $OUT/c" \
+    >"$OUT/c/accounting.log" 2>&1
+  stage memory_accounting $?
+  grep -h "^| \(device memory\|torch\|outside\)" "$OUT"/c/memory_accounting_*.md
+}
 tar czf "$OUT/no_cublas.tgz" -C "$OUT" c && rm -rf "${OUT:?}/c"
 cat "$OUT/summary.txt"
 exit $status

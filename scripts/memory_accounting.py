@@ -35,23 +35,31 @@ class _OutsideTorch:
         import threading
         import torch
         self.nvml, self.baseline, self.torch = nvml, baseline, torch
-        self.highs, self.main = [], threading.main_thread().ident
+        self.highs, self.total_highs, self.main = [], [], threading.main_thread().ident
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
         self.thread.start()
 
-    def _sample(self) -> None:
+    def _where(self) -> str:
         import traceback
-        most = 0
+        frame = sys._current_frames().get(self.main)
+        stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
+        return " < ".join(f"{f.filename.split('site-packages/')[-1].split('/work/')[-1]}:{f.lineno} {f.name}"
+                          for f in reversed(stack))
+
+    def _sample(self) -> None:
+        most, most_total = 0, 0
         while not self.stop.is_set():
-            outside = self.nvml.used() - self.baseline - self.torch.cuda.memory_reserved()
+            used = self.nvml.used() - self.baseline
+            reserved = self.torch.cuda.memory_reserved()
+            outside = used - reserved
             if outside > most + 4_000_000:
-                frame = sys._current_frames().get(self.main)
-                stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
-                where = " < ".join(f"{f.filename.split('site-packages/')[-1].split('/work/')[-1]}:{f.lineno} {f.name}"
-                                   for f in reversed(stack))
-                self.highs.append((outside, where))
+                self.highs.append((outside, self._where()))
                 most = outside
+            # the whole device memory's highs too, with torch's share then: where a transient peak is made
+            if used > most_total + 4_000_000:
+                self.total_highs.append((used, reserved, self.torch.cuda.memory_allocated(), self._where()))
+                most_total = used
             self.stop.wait(0.0002)
 
     def close(self) -> list:
@@ -61,7 +69,10 @@ class _OutsideTorch:
 
 
 def _variant(name: str) -> None:
-    """Experiments: "expandable" runs with torch's expandable segments (set in _run); "no-check" builds without
+    """Experiments: "expandable" runs with torch's expandable segments (set in _run); "warmup-expandable" the captures'
+    warm-ups in them too (the captures always are); "keep-sort-cache" without release_edge_sorts before a capture;
+    "release-after-capture" torch's cache emptied after each capture; "warmup-current-stream" the warm-ups on the
+    caller's stream; "no-check" builds without
     accelerate's parity probe (the twelfth session's 3-cell runs also
     had "cpu-probe", the plain model's probe on a CPU copy: memory_accounting_3c_eager_cpu-probe_before_h200.md)."""
     import functools
@@ -70,6 +81,58 @@ def _variant(name: str) -> None:
 
     if name == "no-check":
         mlip_accel.accelerate = functools.partial(mlip_accel.accelerate, check=False)
+    if name == "keep-sort-cache":  # the edge-sort entries of the last call carried into a capture's warm-up
+        from mlip_accel.integrations import cuda_graphs as CG
+        CG.release_edge_sorts = lambda: None
+    if name == "release-after-capture":  # the default pool's free blocks given back after each capture
+        import torch
+
+        from mlip_accel.integrations import cuda_graphs as CG
+        record = CG.GraphCache._record
+
+        def released(self, step, inputs, device):
+            out = record(self, step, inputs, device)
+            torch.empty(1, device=device)  # frees deferred during the capture are processed at an allocation
+            torch.cuda.empty_cache()
+            return out
+        CG.GraphCache._record = released
+    if name == "warmup-current-stream":  # the captures' warm-ups on the caller's stream, not the capture stream
+        from mlip_accel.integrations import cuda_graphs as CG
+
+        def current_stream_warm_up(step, device, calls=CG.WARMUP_CALLS):
+            for _ in range(calls):
+                step()
+        CG.warm_up = current_stream_warm_up
+    if name == "warmup-expandable":  # the capture's eager warm-up in expandable segments too, not only the capture
+        from mlip_accel.integrations import cuda_graphs as CG
+        warm_up = CG.warm_up
+
+        def expandable_warm_up(*args, **kwargs):
+            with CG.expandable_segments():
+                return warm_up(*args, **kwargs)
+        CG.warm_up = expandable_warm_up
+
+
+def _checkpointed_captures(checkpoint) -> None:
+    """``checkpoint(where)`` before and after each capture's warm-up and after each capture (GraphCache._record
+    calls the module's warm_up and capturing)."""
+    import contextlib
+
+    from mlip_accel.integrations import cuda_graphs as CG
+    warm_up, capturing = CG.warm_up, CG.capturing
+
+    def checked_warm_up(*args, **kwargs):
+        checkpoint("before a warm-up")
+        warm_up(*args, **kwargs)
+        checkpoint("after the warm-up")
+
+    @contextlib.contextmanager
+    def checked_capturing(*args, **kwargs):
+        with capturing(*args, **kwargs):
+            yield
+        checkpoint("after the capture")
+
+    CG.warm_up, CG.capturing = checked_warm_up, checked_capturing
 
 
 def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") -> None:
@@ -118,6 +181,25 @@ def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") 
         launches[func] = (nvml.used() - before, block[0] * block[1] * block[2])
 
     executor.load_functions, executor.launch_function = traced_load, traced_launch
+    checkpoints = []  # (where, device memory in use less the baseline, torch reserved, torch allocated), synchronised
+
+    def checkpoint(where: str) -> None:
+        if torch.cuda.is_current_stream_capturing():  # a synchronisation would break the capture
+            return
+        torch.cuda.synchronize()
+        checkpoints.append((where, nvml.used() - baseline, torch.cuda.memory_reserved(),
+                            torch.cuda.memory_allocated()))
+
+    _checkpointed_captures(checkpoint)
+    from mlip_accel.runtime.neighbor_list import KernelNeighborList
+    fill_device = KernelNeighborList.fill_device
+
+    def checked_fill(self, *args, **kwargs):  # the list kernels of a graph with the list in it
+        checkpoint("before a list fill")
+        out = fill_device(self, *args, **kwargs)
+        checkpoint("after the list fill")
+        return out
+    KernelNeighborList.fill_device = checked_fill
     torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     outside = _OutsideTorch(nvml, baseline)
     model = bench_md.variant("mace", "mlip_accel", base, device)
@@ -130,9 +212,21 @@ def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") 
     atoms = ase_atoms(pos, cell, pbc)
     atoms.calc = calc
     rng = np.random.default_rng(0)
-    for _ in range(calls):
+    checkpoint("calculator made")
+    compute = calc.potential.compute
+
+    def checked_compute(*args, **kwargs):
+        if torch.cuda.current_stream() == torch.cuda.default_stream():
+            return compute(*args, **kwargs)
+        checkpoint("model on a side stream: before")
+        out = compute(*args, **kwargs)
+        checkpoint("model on a side stream: after")
+        return out
+    calc.potential.compute = checked_compute
+    for call in range(calls):
         atoms.positions = pos + rng.uniform(-0.02, 0.02, pos.shape)
         atoms.get_forces()
+        checkpoint(f"after call {call + 1}")
     torch.cuda.synchronize()
     held = nvml.used() - baseline
     highs = outside.close()
@@ -171,13 +265,21 @@ def _run(cells: int, mode: str, calls: int, out: str, variant: str = "default") 
              f"| of which: first launches of our {len(kernels)} kernels (local memory) | {launch_total / gb:.3f} |",
              f"| torch segments / allocator retries | {stats.get('segment.all.current', 0)} / "
              f"{stats.get('num_alloc_retries', 0)} |", "",
-             "## Our kernels' first launches, largest growth first", "",
+             "## Synchronised readings: each call, and around each capture's warm-up and capture", "",
+             "| where | in use MB | torch reserved MB | torch allocated MB | outside torch MB |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {w} | {u / 1e6:.1f} | {r / 1e6:.1f} | {a / 1e6:.1f} | {(u - r) / 1e6:.1f} |"
+              for w, u, r, a in checkpoints]
+    lines += ["", "## Our kernels' first launches, largest growth first", "",
              "| MB grown | kernel | threads/block | regs | local B | shared B |", "|---:|---|---:|---:|---:|---:|"]
     lines += [f"| {d / 1e6:.1f} | {n} | {t} | {a['regs']} | {a['local']} | {a['shared']} |"
               for d, n, t, a in kernels[:40]]
     lines += ["", "## New highs of the memory outside torch's allocator (sampled), with the main thread's frames", "",
               "| MB | main thread at |", "|---:|---|"]
     lines += [f"| {o / 1e6:.1f} | {w} |" for o, w in highs]
+    lines += ["", "## New highs of the device memory in use, less the baseline (sampled), with torch's share then", "",
+              "| MB in use | torch reserved MB | torch allocated MB | main thread at |", "|---:|---:|---:|---|"]
+    lines += [f"| {u / 1e6:.1f} | {r / 1e6:.1f} | {a / 1e6:.1f} | {w} |" for u, r, a, w in outside.total_highs[-40:]]
     lines += ["", "## Module loads, largest first", "", "| MB | module |", "|---:|---|"]
     lines += [f"| {d / 1e6:.1f} | {n} |" for n, d in sorted(loads, key=lambda x: -x[1])[:15]]
     lines += ["", "## torch allocations alive after the calls", "", "| MB | made at |", "|---:|---|"]
@@ -321,7 +423,8 @@ def main(argv=None) -> None:
     parser.add_argument("--modes", nargs="+", choices=["eager", "graphs"], default=["eager", "graphs"])
     parser.add_argument("--calls", type=int, default=6)
     parser.add_argument("--variants", nargs="+", default=["default"],
-                        choices=["default", "no-check", "expandable"])
+                        choices=["default", "no-check", "expandable", "warmup-expandable", "keep-sort-cache",
+                                 "release-after-capture", "warmup-current-stream"])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
