@@ -217,6 +217,11 @@ class EdgeSortCache:
         # that a model shared between threads never pairs one structure's key with another's graph
         self._entry = None
         self.sorts = 0  # how many sorts this cache made (diagnostics, tests)
+        _SORT_CACHES.add(self)
+
+    def clear(self) -> None:
+        """The entry dropped (with the edge tensors it keeps alive); the next call sorts again."""
+        self._entry = None
 
     def graph(self, edge_dst: torch.Tensor, edge_src: torch.Tensor, num_nodes: int) -> "EdgeGraph":
         if _compiling() or _is_fake(edge_dst) or _is_fake(edge_src):
@@ -248,6 +253,22 @@ class EdgeSortCache:
 
     def __getstate__(self):  # a pickled or deep-copied model starts with an empty cache
         return {"_entry": None, "sorts": 0}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _SORT_CACHES.add(self)
+
+
+_SORT_CACHES: "weakref.WeakSet[EdgeSortCache]" = weakref.WeakSet()
+
+
+def release_edge_sorts() -> None:
+    """Every edge-sort cache of this process emptied. For a CUDA graph's capture: its static edge buffers miss
+    every entry, and an entry keeps the last call's edge tensors and their sorted copies alive until a layer's
+    sort replaces it, inside the capture's warm-up, on another stream than the one that can reuse their memory
+    (MACE at 8000 atoms: ~60 MB)."""
+    for cache in list(_SORT_CACHES):
+        cache.clear()
 
 
 def _is_fake(t: torch.Tensor) -> bool:

@@ -74,6 +74,29 @@ def test_edge_sort_cache_sorts_once_per_edge_list_and_notices_edits():
         assert cache.sorts == 4 and g.perm.tolist() == [0, 1] and g.transpose_perm.tolist() == [0, 1]
 
 
+def test_edge_sorts_released_for_a_capture_drop_every_cache_entry_and_the_edges_it_keeps():
+    """release_edge_sorts (before a CUDA graph's warm-up): every cache, deep copies included, forgets its entry
+    and with it the last call's edge tensors; the next call sorts again and gives the same graph."""
+    import copy
+    import gc
+    import weakref
+
+    cache = mlip_accel.graph.EdgeSortCache()
+    edge_index = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 1]])
+    first = cache.graph(edge_index[1], edge_index[0], 3)
+    twin = copy.deepcopy(cache)  # starts empty (__getstate__), and is released too
+    twin.graph(edge_index[1], edge_index[0], 3)
+    kept = weakref.ref(edge_index)
+    mlip_accel.graph.release_edge_sorts()
+    assert cache._entry is None and twin._entry is None
+    again = cache.graph(edge_index[1], edge_index[0], 3)
+    assert cache.sorts == 2 and torch.equal(again.perm, first.perm)
+    cache.clear()
+    del edge_index, first, again
+    gc.collect()
+    assert kept() is None  # no cache holds the edges any more
+
+
 @pytest.mark.parametrize("num_nodes", [3, 1 << 15, (1 << 15) + 1, 70_000])
 def test_sort_keys_narrowed_give_the_int64_stable_order(num_nodes):
     # the sort runs on int16 / int32 keys where they hold every node index (fewer radix passes): same order

@@ -78,7 +78,8 @@ class _RecordingCache(CG.GraphCache):
         super().__init__(*args, **kwargs)
         self.asked = []
 
-    def run(self, positions, cell, types, neighbors, with_cell, stress, copy_outputs=True, own_edges=False):
+    def run(self, positions, cell, types, neighbors, with_cell, stress, copy_outputs=True, own_edges=False,
+            capture=True):
         if not self.fits(neighbors.num_edges):
             return None
         self.asked.append(neighbors.num_edges)
@@ -470,9 +471,13 @@ def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure
         atoms.positions = atoms.positions + rng.uniform(-0.05, 0.05, atoms.positions.shape)
         _calls_agree(calc, plain, atoms)
         assert calc.filled_lists == step and calc.neighbor_list.source == "kernels"
-    # the usual graph at the first call, the one with the list in it at the second, which replaced it (kept, the
-    # usual graph's pool would be held while the new capture's warm-up allocates a step beside it)
-    assert graphs.captures == 2 and calc.num_edges < calc.edge_capacity
+        if step == 0:
+            # the first call eagerly on its real edges, no graph and no padded copy kept: the graph with the list
+            # in it follows (a usual graph captured now would be replaced at once, and its capture held the list,
+            # its padded copy and the graph's copy beside a step's working set)
+            assert graphs.captures == 0 and calc.edge_capacity == calc.num_edges
+            assert calc.evaluator._padded is None and calc.evaluator.capacity.of(group=len(atoms0)) > 0
+    assert graphs.captures == 1 and calc.num_edges < calc.edge_capacity
     assert [k[0] for k in graphs._graphs] == ["listed"]
     (key, listed), = [(k, g) for k, g in graphs._graphs.items() if k[0] == "listed"]
     # one output: the results and the edge count packed in float64 (one copy to the host, no launch of its own)
@@ -490,19 +495,19 @@ def test_list_built_inside_the_graph_gives_the_usual_results(emulated, structure
     filled = calc.filled_lists
     if structure != "molecule":  # (the molecule's atoms are all neighbours already)
         # denser: more edges than the capacity; the graph's count says so and the usual call grows the capacity
-        # (and captures its graph); the next call captures the graph with the list at the new capacity
+        # (eagerly: no usual graph); the next call captures the graph with the list at the new capacity
         dense = atoms0.copy()
         dense.set_cell(dense.cell.array * 0.85, scale_atoms=True)
         before = calc.evaluator.capacity.grown
         _calls_agree(calc, plain, dense)
-        assert calc.filled_lists == filled and calc.evaluator.capacity.grown == before + 1 and graphs.captures == 3
+        assert calc.filled_lists == filled and calc.evaluator.capacity.grown == before + 1 and graphs.captures == 1
         _calls_agree(calc, plain, dense)
         filled += 1
-        assert calc.filled_lists == filled and graphs.captures == 4
+        assert calc.filled_lists == filled and graphs.captures == 2
         assert [k[0] for k in graphs._graphs] == ["listed", "listed"]  # one per capacity, no usual graph
         _calls_agree(calc, plain, atoms0)  # back: fewer edges than the grown capacity, the same graph
         filled += 1
-        assert calc.filled_lists == filled and graphs.captures == 4
+        assert calc.filled_lists == filled and graphs.captures == 2
     # another atom count: its first call the usual way
     _calls_agree(calc, plain, atoms0[:-1])
     assert calc.filled_lists == filled
@@ -521,7 +526,7 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
         atoms = atoms0.copy()
         atoms.set_cell(atoms.cell.array * scale, scale_atoms=True)
         _calls_agree(calc, plain, atoms)
-    assert calc.filled_lists == 4 and graphs.captures == 2
+    assert calc.filled_lists == 4 and graphs.captures == 1
     # the same atoms as a slab, then back: another lattice, padding cell and edge count at this atom count
     slab = atoms0.copy()
     slab.pbc = [True, True, False]
@@ -552,7 +557,8 @@ def test_list_inside_the_graph_follows_the_cell_and_a_failed_capture_keeps_the_u
     for _ in range(2):
         _calls_agree(failing, plain, atoms0)
     assert failing.filled_lists == 0 and graphs.disabled is None and "not permitted" in graphs.listed_disabled
-    assert failing.cuda_graphs and graphs.captures == 2 and graphs.replays == 4  # captured again after the clear
+    # the first call eager, the second's listed capture failed: from then on the usual graph (captured then)
+    assert failing.cuda_graphs and graphs.captures == 1 and graphs.replays == 3
 
 
 @pytest.mark.nequip
@@ -586,7 +592,10 @@ def test_no_list_into_the_graph_with_a_skin_or_after_a_parameter_change(emulated
     calc = AcceleratedCalculator.from_model(copy.deepcopy(model), device="cpu", backend="reference",
                                             neighbor_skin=0.0, neighbor_method="kernels")
     graphs = cpu_graphed(calc)
-    calc.get_forces(atoms.copy())
+    from ase.calculators.calculator import all_changes
+    for _ in range(2):  # the first call eager, then the graph with the list in it
+        calc.calculate(atoms.copy(), ["energy", "forces"], all_changes)
+    assert graphs.captures == 1
     with torch.no_grad():
         next(calc.potential.model.parameters()).add_(0.01)  # stale graphs: dropped, captured again
     plain = AcceleratedCalculator.from_model(copy.deepcopy(calc.potential.model), device="cpu", backend="reference",

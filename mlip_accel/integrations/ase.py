@@ -118,9 +118,11 @@ class AcceleratedCalculator(Calculator):
             positions_t = torch.as_tensor(positions, dtype=torch.float64, device=self.potential.device)
             neighbors = self.neighbor_list(positions, cell, pbc)
             self.num_edges = neighbors.num_edges
-            # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy
+            # the results go to the host at once (evaluation), so a replayed graph's outputs need no copy; where the
+            # next call builds its list inside a graph, this one captures none (eager until then)
+            listed_next = self.evaluator.cuda_graphs and self.neighbor_list.builds_in_graph(positions, cell, pbc)
             result = evaluation(self.evaluator(positions_t, cell_t, pbc, types, neighbors, copy_outputs=False,
-                                               stress=stress))
+                                               stress=stress, listed_next=listed_next))
         if want_stress and result.stress is None:
             raise PropertyNotImplementedError("stress needs a periodic structure whose cell has a volume")
         self.results = {"energy": result.energy, "free_energy": result.energy, "energies": result.energies,

@@ -45,6 +45,7 @@ import warnings
 import numpy as np
 import torch
 
+from ..graph import release_edge_sorts
 from .errors import InputError
 from .neighbors import GraphList, Neighbors
 from .padding import DEFAULT_GROWTH, DEFAULT_HEADROOM, EdgeCapacity, PaddingTail, pad_neighbors, padding_cell
@@ -77,13 +78,25 @@ def capture_stream(device=None) -> torch.cuda.Stream:
     """The one side stream of ``device`` (default: the current device) that every warm-up and capture of this
     process runs on. torch keeps a cuBLAS and a cuBLASLt workspace (32 MiB each on Hopper) for every stream a
     product ever ran on, for the process's lifetime: a fresh side stream per warm-up and torch's own capture stream
-    beside it held six of them after the ASE calculator's two captures (MACE at 8000 atoms); one stream, two."""
+    beside it held six of them after the ASE calculator's two captures (MACE at 8000 atoms); one stream, two.
+    Made outside torch's stream pool where CuPy is there (:func:`~mlip_accel.runtime.executor.new_stream`): the
+    pool's first use took 73 MB of device memory, the most of what a graphed MACE call at 8000 atoms held beyond
+    the eager call's."""
     index = None if device is None else torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     stream = _CAPTURE_STREAMS.get(index)
     if stream is None:
-        stream = _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+        stream = _CAPTURE_STREAMS[index] = _own_stream(index)
     return stream
+
+
+def _own_stream(index: int) -> torch.cuda.Stream:
+    try:
+        from ..runtime.executor import new_stream
+        handle = new_stream(index)
+    except ImportError:  # no CuPy (graphs of a model we did not accelerate): a stream of torch's pool
+        return torch.cuda.Stream(index)
+    return torch.cuda.ExternalStream(handle, device=torch.device("cuda", index))
 
 
 @contextlib.contextmanager
@@ -323,8 +336,9 @@ class GraphCache:
             pass
 
     def run(self, positions, cell, types, neighbors: Neighbors, with_cell: bool, stress: bool,
-            copy_outputs: bool = True, own_edges: bool = False) -> dict | None:
-        """The evaluation replayed from a graph, or None: run it eagerly instead. ``copy_outputs=False``:
+            copy_outputs: bool = True, own_edges: bool = False, capture: bool = True) -> dict | None:
+        """The evaluation replayed from a graph, or None: run it eagerly instead (``capture=False``: where no
+        graph is captured for it yet). ``copy_outputs=False``:
         the graph's own output tensors, overwritten by its next replay (for a caller that reads them at once).
         ``own_edges``: the edge tensors are the caller's own (no one else writes them), so the same unedited
         tensors as the last replay need no copy."""
@@ -332,6 +346,8 @@ class GraphCache:
             return None
         self._drop_stale()
         key = self._key(positions, cell, neighbors.num_edges, with_cell, stress)
+        if not capture and key not in self._graphs:
+            return None
         entry, captured = self._cached(key, lambda: self._capture(positions, cell, types, neighbors, with_cell,
                                                                   stress))
         if entry is None:
@@ -371,6 +387,11 @@ class GraphCache:
         listed.staged_copied()
         # not remembered for replayer(): a Replay copies positions only, and nobody would read this graph's count
         return self._replay(key, entry, copy_outputs=False, remember=False)[_PACKED]
+
+    def holds(self, positions, cell, num_edges: int, stress: bool) -> bool:
+        """Whether :meth:`run` has a graph captured for these inputs (a periodic model cell, as the evaluator's
+        padded calls pass)."""
+        return self._key(positions, cell, num_edges, True, stress) in self._graphs
 
     def takes_listed(self, num_edges: int) -> bool:
         """Whether a graph with the neighbour list in it may run for an edge capacity of ``num_edges``."""
@@ -512,6 +533,7 @@ class GraphCache:
         """(graph, its output tensors, device bytes it added): ``step`` warmed up and captured on ``device``
         (the CUDA-only part of a capture; tests replace it to check the cache's bookkeeping on a CPU)."""
         before = torch.cuda.memory_allocated(device)
+        release_edge_sorts()  # entries of the last call's edges, of no use to the new static buffers
         # The caching allocator keeps a freed block for the stream that freed it, and a capture allocates from its
         # own pool: the eager calls before a capture (on this stream) and its warm-up (on a side stream) would
         # each leave a step's working set cached beside the graph's pool, three working sets held for one
@@ -633,7 +655,7 @@ class StepEvaluator:
         return self._padding_value
 
     def __call__(self, positions: torch.Tensor, cell: torch.Tensor, pbc, types: torch.Tensor, neighbors: Neighbors,
-                 stress: bool = False, copy_outputs: bool = True) -> dict:
+                 stress: bool = False, copy_outputs: bool = True, listed_next: bool = False) -> dict:
         """``positions`` (N, 3) and ``cell`` (3, 3) float64, ``types`` (N,) int64 model types
         (``potential.atom_types``), ``neighbors`` (:class:`~.neighbors.Neighbors`, real edges), all on the
         model's device; ``pbc``: three booleans. ``stress=True`` needs a periodic cell with a volume.
@@ -642,7 +664,13 @@ class StepEvaluator:
         call (saves a copy per output where the caller reads them at once, as the ASE calculator does).
         A ``cell``, ``types`` or ``neighbors`` passed again unedited (the same tensors, the same Neighbors) is
         not copied into the graph or padded again: edit them through torch (which counts in-place edits), not
-        through DLPack/CuPy views, or pass new tensors."""
+        through DLPack/CuPy views, or pass new tensors.
+        ``listed_next``: the caller goes on with :meth:`run_listed` at this atom count from its next call (the ASE
+        calculator, where the kernels build its list): a call with no graph captured for it yet then runs eagerly
+        on the real edges where the graph with the list in it can follow (:meth:`listed_ready`), instead of
+        capturing a graph that one replaces at once. That capture's warm-up held the list, its padded copy and the
+        graph's copy of the edges beside a step's working set: MACE at 8000 atoms peaked at 1.01 GB for a graph
+        that holds 0.87 (benchmarks/graph_pool_notes.md, sixteenth session)."""
         pbc = _three_flags(pbc)
         periodic = any(pbc)
         self.num_edges = neighbors.num_edges
@@ -651,8 +679,11 @@ class StepEvaluator:
             self.edge_capacity = neighbors.num_edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
         capacity = self.capacity.fit(neighbors.num_edges, group=positions.shape[0])  # per atom count
-        if self.graphs is not None and self._pad_for_graphs_only and not self.graphs.fits(capacity):
-            self.edge_capacity = neighbors.num_edges  # too large for a graph: eager on the real edges
+        capture = not (listed_next and self.listed_ready(positions.shape[0]))
+        if self.graphs is not None and self._pad_for_graphs_only and not (
+                self.graphs.fits(capacity) and (capture or self.graphs.holds(positions, cell, capacity, stress))):
+            # too large for a graph, or no graph yet and the listed one next: eager on the real edges
+            self.edge_capacity = neighbors.num_edges
             return self.potential.compute(positions, cell, types, neighbors, with_cell=periodic, stress=stress)
         model_cell, shift = self._padding(cell, pbc)
         extra, num_atoms = capacity - neighbors.num_edges, positions.shape[0]
@@ -671,7 +702,7 @@ class StepEvaluator:
         self.edge_capacity = capacity
         if self.graphs is not None:
             out = self.graphs.run(positions, model_cell, types, padded, with_cell=True, stress=stress,
-                                  copy_outputs=copy_outputs, own_edges=padded is not neighbors)
+                                  copy_outputs=copy_outputs, own_edges=padded is not neighbors, capture=capture)
             if out is not None:
                 self._replayed = True
                 return out

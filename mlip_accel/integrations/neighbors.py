@@ -204,7 +204,7 @@ class NeighborList:
         list yet, a skin, a system they do not take): build it with :meth:`__call__` then. Counted in
         :attr:`builds` by :meth:`built_in_graph`, once the graph ran."""
         positions, cell, pbc = _host_inputs(positions, cell, pbc)
-        if not (self.kernels and "kernels" in self._checked and self.skin == 0 and len(positions)):
+        if not self._may_build_in_graph(len(positions)):
             return None
         self._check_inputs(positions, cell, pbc)
         kernels = self._kernel_list
@@ -212,6 +212,16 @@ class NeighborList:
             return None
         staged, lattice = kernels.stage(positions, cell, pbc, self.cutoff)
         return GraphList(staged, lattice, kernels.staged_copied, kernels.fill_device)
+
+    def builds_in_graph(self, positions: np.ndarray, cell: np.ndarray, pbc) -> bool:
+        """Whether :meth:`in_graph` gives a list for this system now (asked after a list was built: the first
+        build checks the kernels against the CPU list and settles an automatic skin)."""
+        positions, cell, pbc = _host_inputs(positions, cell, pbc)
+        return self._may_build_in_graph(len(positions)) and self._kernel_list.takes(len(positions), cell, pbc,
+                                                                                    self.cutoff)
+
+    def _may_build_in_graph(self, atoms: int) -> bool:
+        return bool(self.kernels and "kernels" in self._checked and self.skin == 0 and atoms)
 
     def built_in_graph(self) -> None:
         """Count the list of the last :meth:`in_graph` as built: its graph ran and its count was good."""

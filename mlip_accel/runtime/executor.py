@@ -62,6 +62,16 @@ def _driver_api():
     return _BINDINGS[0]
 
 
+def new_stream(index: int) -> int:
+    """The handle of a new non-blocking CUDA stream on device ``index``, made directly: a stream taken from torch's
+    pool (``torch.cuda.Stream()``) makes the pool's first use create all of its streams at once, 73 MB of device
+    memory on an H200 with torch 2.11 (benchmarks/graph_pool_notes.md, sixteenth session). Never destroyed: for a
+    stream a process keeps (as torch keeps its pool's)."""
+    _, runtime = _driver_api()
+    with torch.cuda.device(index):
+        return runtime.streamCreateWithFlags(runtime.streamNonBlocking)
+
+
 def device_index(device: torch.device) -> int:
     if device.type != "cuda":
         raise ValueError(f"the CUDA backend needs CUDA tensors, got tensors on {device}")
