@@ -114,6 +114,21 @@ SCRIPT_MESSAGE = ("mlip_accel's tensor products do not support TorchScript (torc
                   "mode); to write a TorchScript file, script the model as it was before mlip_accel.accelerate.")
 
 
+def original_sharing(module, names) -> "torch.nn.Module":
+    """``module._original[0]``, the e3nn / MACE module ``module`` stands in for, with its parameters and buffers
+    ``names`` (registered on ``module`` from it: the same tensors at construction) set again from ``module``'s.
+    The original lives outside the module tree, and ``model.to()`` / ``.double()`` replace buffers, and
+    ``load_state_dict(assign=True)`` parameters too, in the tree only: the parity probe, ``plain()`` and
+    ``restore()`` would otherwise run the original with tensors of the old device, dtype or values."""
+    original = module._original[0]
+    for name in names:
+        if name in module._parameters:
+            original._parameters[name] = module._parameters[name]
+        elif name in module._buffers:
+            original._buffers[name] = module._buffers[name]
+    return original
+
+
 class ReadsLikeOriginal:
     """Mixin for a module standing in for an e3nn module held as ``self._original = (module,)``: attributes it does
     not have are read from the e3nn module (frameworks read e3nn internals: MACE's model-config export reads

@@ -9,6 +9,7 @@ from torch import nn
 from ..ops.linear import linear
 from ..problem.linear import LinearProblem, from_e3nn
 from . import e3nn_api
+from .e3nn_api import original_sharing
 
 
 class IrrepsLinear(e3nn_api.ReadsLikeOriginal, nn.Module):
@@ -27,10 +28,14 @@ class IrrepsLinear(e3nn_api.ReadsLikeOriginal, nn.Module):
         self.register_buffer("scale", scale.to(original.weight.device), persistent=False)
         self.irreps_in, self.irreps_out = original.irreps_in, original.irreps_out
         self._original = (original,)  # outside the module tree: the probe and restore() put it back
+        self._shared = ("weight",) + tuple(name for name, _ in original.named_buffers(recurse=False))
+
+    _shared: tuple = ()  # class default: a model pickled before the attribute existed
 
     @property
     def original(self) -> nn.Module:
-        return self._original[0]
+        """e3nn's module, with this module's weight and buffers (:func:`~.e3nn_api.original_sharing`)."""
+        return original_sharing(self, self._shared)
 
     def forward(self, features: torch.Tensor, weight: torch.Tensor | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ...modules.e3nn_api import ReadsLikeOriginal
+from ...modules.e3nn_api import ReadsLikeOriginal, original_sharing
 from ..submodules import LeafSwap, apply, undo  # noqa: F401  (the adapter applies and undoes through this module)
 
 
@@ -29,9 +29,7 @@ class AtomicEnergiesSum(ReadsLikeOriginal, torch.nn.Module):
     def original(self) -> torch.nn.Module:
         """MACE's module, reading this module's buffer: ``model.to()`` or ``load_state_dict(assign=True)`` replace
         the buffer here only (MACE's module is outside the module tree), and the probe and ``restore()`` read it."""
-        original = self._original[0]
-        original._buffers["atomic_energies"] = self._buffers["atomic_energies"]
-        return original
+        return original_sharing(self, ("atomic_energies",))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         energies = torch.atleast_2d(self.atomic_energies).T.to(dtype=x.dtype, device=x.device)  # [elements, heads]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..common import originals_in
+from ...modules.e3nn_api import original_sharing
 from ...ops.element_linear import element_linear
 from .symmetric import element_index
 
@@ -77,10 +78,14 @@ class MACESkipLinear(torch.nn.Module):
         self._out_pieces = tuple((s.start, s.stop, mul * ir.dim)
                                  for s, (mul, ir) in zip(original.irreps_out.slices(), original.irreps_out))
         self._original = (original,)  # outside the module tree: restore() puts it back
+        self._shared = ("weight",) + tuple(name for name, _ in original.named_buffers(recurse=False))
+
+    _shared: tuple = ()  # class default: a model pickled before the attribute existed
 
     @property
     def original(self) -> torch.nn.Module:
-        return self._original[0]
+        """e3nn's module, with this module's weight and buffers (:func:`~...modules.e3nn_api.original_sharing`)."""
+        return original_sharing(self, self._shared)
 
     def forward(self, x: torch.Tensor, node_attrs: torch.Tensor) -> torch.Tensor:
         elements = element_index(node_attrs)
