@@ -114,6 +114,17 @@ SCRIPT_MESSAGE = ("mlip_accel's tensor products do not support TorchScript (torc
                   "mode); to write a TorchScript file, script the model as it was before mlip_accel.accelerate.")
 
 
+def share_weight_and_buffers(module, original) -> tuple:
+    """``original``'s ``weight`` parameter and its own buffers registered on ``module`` (the same tensors: one
+    state, the same ``state_dict`` keys); returns their names, for :func:`original_sharing`."""
+    module.weight = original.weight
+    names = ["weight"]
+    for name, buffer in original.named_buffers(recurse=False):
+        module.register_buffer(name, buffer)
+        names.append(name)
+    return tuple(names)
+
+
 def original_sharing(module, names) -> "torch.nn.Module":
     """``module._original[0]``, the e3nn / MACE module ``module`` stands in for, with its parameters and buffers
     ``names`` (registered on ``module`` from it: the same tensors at construction) set again from ``module``'s.

@@ -9,7 +9,7 @@ from torch import nn
 from ..ops.linear import linear
 from ..problem.linear import LinearProblem, from_e3nn
 from . import e3nn_api
-from .e3nn_api import original_sharing
+from .e3nn_api import original_sharing, share_weight_and_buffers
 
 
 class IrrepsLinear(e3nn_api.ReadsLikeOriginal, nn.Module):
@@ -19,16 +19,14 @@ class IrrepsLinear(e3nn_api.ReadsLikeOriginal, nn.Module):
     def __init__(self, original: nn.Module):
         super().__init__()
         self.problem: LinearProblem = from_e3nn(original)
-        self.weight = original.weight  # the same Parameter: training updates both
-        for name, buffer in original.named_buffers(recurse=False):  # e3nn's (empty) bias and output_mask
-            self.register_buffer(name, buffer)
+        # the same Parameter (training updates both) and e3nn's (empty) bias and output_mask
+        self._shared = share_weight_and_buffers(self, original)
         scale = torch.zeros(original.weight.numel(), dtype=original.weight.dtype)
         for ins in self.problem.instructions:
             scale[ins.offset:ins.offset + ins.mul_in * ins.mul_out] = ins.path_weight
         self.register_buffer("scale", scale.to(original.weight.device), persistent=False)
         self.irreps_in, self.irreps_out = original.irreps_in, original.irreps_out
         self._original = (original,)  # outside the module tree: the probe and restore() put it back
-        self._shared = ("weight",) + tuple(name for name, _ in original.named_buffers(recurse=False))
 
     _shared: tuple = ()  # class default: a model pickled before the attribute existed
 

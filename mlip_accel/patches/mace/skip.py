@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..common import originals_in
-from ...modules.e3nn_api import original_sharing
+from ...modules.e3nn_api import original_sharing, share_weight_and_buffers
 from ...ops.element_linear import element_linear
 from .symmetric import element_index
 
@@ -69,16 +69,13 @@ class MACESkipLinear(torch.nn.Module):
             raise ValueError("not a skip_tp of MACE's layout (features x Ex0e one-hot)")
         self.irreps_in1, self.irreps_in2, self.irreps_out = original.irreps_in1, original.irreps_in2, original.irreps_out
         self.num_elements = original.irreps_in2[0].mul
-        self.weight = original.weight  # shared: same parameter, same state_dict key
-        for name, buf in original.named_buffers(recurse=False):
-            self.register_buffer(name, buf)
+        self._shared = share_weight_and_buffers(self, original)  # same parameter, same state_dict keys
         self._paths = paths
         # the output's pieces as plain ints: forward must not touch e3nn's Irreps, whose guards torch.compile
         # cannot build (TorchSim's MACE wrapper compiles the model)
         self._out_pieces = tuple((s.start, s.stop, mul * ir.dim)
                                  for s, (mul, ir) in zip(original.irreps_out.slices(), original.irreps_out))
         self._original = (original,)  # outside the module tree: restore() puts it back
-        self._shared = ("weight",) + tuple(name for name, _ in original.named_buffers(recurse=False))
 
     _shared: tuple = ()  # class default: a model pickled before the attribute existed
 
