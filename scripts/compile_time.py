@@ -7,7 +7,8 @@ memory cache cleared before each compile, so every number is a cold compile.
     python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
                                     [--arch 90] [--chunk-loops] [--out FILE.jsonl]
 
-With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so).
+With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so);
+with MLIP_ACCEL_SPLIT_KB the walks split at that many kB of phase code (0: one program each; rows say ``split_kB``).
 
 One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
 what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
@@ -25,7 +26,7 @@ import time
 
 os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # cold compiles only (read when compiling, set before any)
 
-from mlip_accel.runtime import backend, compiler  # noqa: E402
+from mlip_accel.runtime import backend, compiler, tuning  # noqa: E402
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs  # noqa: E402
 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
@@ -38,6 +39,11 @@ def step_programs(problem, dtype: str) -> list:
         for p in backend.module_for(problem, dtype, direction, "det").sequence.programs:
             programs.setdefault(p.source, p)
     return list(programs.values())
+
+
+def direction_programs(problem, dtype: str) -> dict:
+    """{direction: names of the programs its launch sequence compiles at first use}."""
+    return {d: [p.name for p in backend.module_for(problem, dtype, d, "det").sequence.programs] for d in DIRECTIONS}
 
 
 def predicted_wall(seconds: list[float], cores: int) -> float:
@@ -71,6 +77,7 @@ def measure(args) -> None:
             sources = [p.source for p in programs]
             row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,
                    "fast_compile": bool(compiler.fast_compile_options()), "programs": len(programs),
+                   "split_kB": tuning.split_bytes() // 1000,
                    "source_kB": round(sum(map(len, sources)) / 1000),
                    "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
                    "load_avg": os.getloadavg()[0], "wall_s": {}}
@@ -85,6 +92,9 @@ def measure(args) -> None:
                 seconds = list(row["program_s"].values())
                 row["serial_sum_s"] = round(sum(seconds), 2)
                 row["predicted_wall_16_s"] = round(predicted_wall(seconds, 16), 2)
+                # each direction's programs compile together at its first use: that wait on 16 free cores
+                row["first_use_16_s"] = {d: round(predicted_wall([row["program_s"][n] for n in names], 16), 2)
+                                         for d, names in direction_programs(problem, dtype).items()}
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:

@@ -32,13 +32,21 @@ NAMES = [p["name"] for p in bench_problem_specs()]
 
 
 def _compile(job):
+    """Compile each (source, name) of ``job``'s programs for its arch: (total image bytes, first error)."""
     from mlip_accel.runtime import compiler
-    source, arch, name = job
-    try:
-        image = compiler._compile(source, (*compiler.BASE_OPTIONS, f"-arch={arch}"), "cubin", name)
-        return len(image), None
-    except Exception as err:  # reported by the test of this case
-        return 0, str(err)[:4000]
+    programs, arch = job
+    size = 0
+    for source, name in programs:
+        try:
+            size += len(compiler._compile(source, (*compiler.BASE_OPTIONS, f"-arch={arch}"), "cubin", name))
+        except Exception as err:  # reported by the test of this case
+            return 0, f"{name}: {str(err)[:4000]}"
+    return size, None
+
+
+def _walk(gm, arch):
+    """The job of a generated module's walk: its programs (one, or a split walk's parts and fixup)."""
+    return tuple((p.source, p.name) for p in gm.programs), arch
 
 
 @pytest.fixture(scope="module")
@@ -51,34 +59,32 @@ def compiled():
             for direction, variant in FAMILIES:
                 gm = module_for(problem, dtype, direction, variant)  # what the runtime generates by default
                 for arch in ARCHS:
-                    jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = (gm.source, arch, gm.walk_kernel)
-                for program in gm.sequence.programs[1:]:  # the steps around the walk: gathers, ordered sums
-                    for arch in ARCHS:
-                        jobs[("steps", program.name, arch)] = (program.source, arch, program.name)
+                    jobs[(spec["name"], dtype, f"{direction}-{variant}", arch)] = _walk(gm, arch)
+                for program in gm.sequence.programs:  # the steps around the walk: gathers, ordered sums
+                    if program not in gm.programs:
+                        for arch in ARCHS:
+                            jobs[("steps", program.name, arch)] = ((program.source, program.name),), arch
             for direction, variant in TABULATED:
                 if problem.weight_numel:
                     gm = module_for(problem, dtype, direction, variant, tabulated=True)
                     for arch in ARCHS:
-                        jobs[(spec["name"], dtype, f"{direction}-{variant}-tab", arch)] = (gm.source, arch,
-                                                                                         gm.walk_kernel)
+                        jobs[(spec["name"], dtype, f"{direction}-{variant}-tab", arch)] = _walk(gm, arch)
             sh = _harmonics_of(problem)
             for direction in ("forward", "backward") if sh is not None and problem.weight_numel else ():
                 gm = module_for(problem, dtype, direction, "det", tabulated=True, harmonics=sh)
                 for arch in ARCHS:
-                    jobs[(spec["name"], dtype, f"{direction}-sh", arch)] = (gm.source, arch, gm.walk_kernel)
+                    jobs[(spec["name"], dtype, f"{direction}-sh", arch)] = _walk(gm, arch)
             if spec["name"] != GIVEN_PROBLEM:
                 continue
             for direction, variant in FAMILIES:
                 gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype),
                                          chunk_loops=True))
                 for arch in ARCHS:
-                    jobs[(spec["name"], dtype, f"{direction}-{variant}-loops", arch)] = (gm.source, arch,
-                                                                                       gm.walk_kernel)
+                    jobs[(spec["name"], dtype, f"{direction}-{variant}-loops", arch)] = _walk(gm, arch)
             for direction, given in itertools.product(("double_forward", "double_backward"), GIVEN):
                 gm = generate(KernelSpec(problem, dtype, direction, "det", given, budget_for(direction, dtype)))
                 for arch in ARCHS:
-                    jobs[(spec["name"], dtype, f"{direction}-{_given_id(given)}", arch)] = (gm.source, arch,
-                                                                                          gm.walk_kernel)
+                    jobs[(spec["name"], dtype, f"{direction}-{_given_id(given)}", arch)] = _walk(gm, arch)
     workers = max(1, min(8, os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_compile, jobs.values(), chunksize=1)

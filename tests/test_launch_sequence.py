@@ -43,8 +43,8 @@ def test_every_sequence_survives_json_and_is_derived_from_the_plans_alone(varian
     # the derivation reads the plans, sizes and problem, never the direction or variant: a module of another
     # kind with the same launch contract (h15's double-backward walks) gets its sequence the same way
     bare = types.SimpleNamespace(spec=types.SimpleNamespace(problem=gm.spec.problem, dtype=gm.spec.dtype),
-                                 source=gm.source, walk_plan=gm.walk_plan, fixup_plan=gm.fixup_plan,
-                                 plans=gm.plans, acc_width=gm.acc_width)
+                                 programs=gm.programs, walk_plan=gm.walk_plan, fixup_plan=gm.fixup_plan,
+                                 acc_width=gm.acc_width)
     assert walk_sequence(bare, edges_per_warp_rule(gm.spec)) == seq
     kernels = [s.plan.kernel for s in seq.steps]
     assert kernels.count(gm.walk_kernel) == 1 and (gm.fixup_kernel in kernels) == (gm.fixup_plan is not None)

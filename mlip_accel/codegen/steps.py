@@ -124,16 +124,15 @@ def layout_shape(arg: Argument, widths: dict) -> tuple:
 
 
 def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
-    """The launch sequence of a tensor-product-family module ``gm`` (``.spec``, ``.source``, ``.walk_plan``,
-    ``.fixup_plan``, ``.plans``, ``.acc_width``) with edges per warp given by the expression ``edges_per_warp``
+    """The launch sequence of a tensor-product-family module ``gm`` (``.spec``, ``.programs``, ``.walk_plan``,
+    ``.fixup_plan``, ``.acc_width``) with edges per warp given by the expression ``edges_per_warp``
     of the scalars ``num_edges`` and ``nodes``."""
     p, dtype = gm.spec.problem, gm.spec.dtype
     widths = {"D_IN1": p.dim_in1, "D_IN2": p.dim_in2, "D_OUT": p.dim_out, "W_NUMEL": p.weight_numel,
               "D_ACC": gm.acc_width}
     columns = {"D_IN1": p.irreps_in1, "D_IN2": p.irreps_in2, "D_OUT": p.irreps_out}
     walk_plan, fixup_plan = gm.walk_plan, gm.fixup_plan
-    walk = Program(walk_plan.kernel, gm.source, gm.plans)
-    programs = {walk.name: walk}
+    programs = {p.name: p for p in gm.programs}  # the walk's (one, or one per part, then the fixup's)
     scalars = (Scalar("num_edges"), Scalar("nodes"), Scalar("edges_per_warp", edges_per_warp, tunable=True),
                Scalar("warps", ("cdiv", "num_edges", "edges_per_warp")))
     if any(a.name == "intervals" for a in walk_plan.arguments):  # a tabulated walk: the table's, given
@@ -184,11 +183,15 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
             after.append(Step(total.name, total.plans[0], (("partials", f"{a.name}_partials"), ("out", a.name),
                                                            ("count", ("*",) + rest), ("parts", parts))))
             bind[a.name] = f"{a.name}_partials"
-    steps = before + [Step(walk.name, walk_plan, tuple(bind.items()))]
-    if fixup_plan is not None:
-        own = {"out": bind["acc_out"], "num_slots": "warps", "width": gm.acc_width}
-        steps.append(Step(walk.name, fixup_plan, tuple((b.name, own[b.name] if b.name in own else bind[b.name])
-                                                       for b in fixup_plan.arguments)))
+    steps = list(before)
+    for program in gm.programs:  # the walk (every part takes the whole walk's arguments), then its fixup
+        for plan in program.plans:
+            if plan is not fixup_plan:
+                steps.append(Step(program.name, plan, tuple(bind.items())))
+                continue
+            own = {"out": bind["acc_out"], "num_slots": "warps", "width": gm.acc_width}
+            steps.append(Step(program.name, plan, tuple((b.name, own[b.name] if b.name in own else bind[b.name])
+                                                        for b in plan.arguments)))
     return LaunchSequence(family=walk_plan.family, name=walk_plan.kernel, tensors=tuple(tensors), scalars=scalars,
                           buffers=tuple(buffers), steps=tuple(steps + after), programs=tuple(programs.values()))
 

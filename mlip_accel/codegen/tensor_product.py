@@ -33,7 +33,7 @@ from . import nonzeros, spherical_harmonics
 from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
-from .sequence import LaunchSequence
+from .sequence import LaunchSequence, Program
 from .steps import walk_sequence
 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
@@ -82,6 +82,12 @@ class KernelSpec:
     # the backward returns the vectors' gradient (``gv_out`` [num_edges, 3]) instead of grad y. irreps_in2 must be
     # exactly these harmonics (1x0e+1x1o+.. in their order). Convolution forward and backward only.
     harmonics: SHProblem | None = None
+    # the walk's phases grouped into programs of at most this many bytes of phase code each (0: one program),
+    # compiled concurrently (runtime.compiler.compile_many) and launched one after another: a large walk's cold
+    # compile then costs its largest part, not the whole (NVRTC compiles one program on one core: nequip-benzene's
+    # double backward, 700 kB of unrolled paths, took ~5 s). Phases are independent (disjoint accumulated columns,
+    # one grad-y partial each), so the results are bitwise those of one program.
+    split_bytes: int = 0
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -94,6 +100,8 @@ class KernelSpec:
             raise ValueError("the double-backward walks are convolution walks: variant 'det' or 'atomic'")
         if self.tabulated and (self.double or self.variant == "tp" or self.problem.weight_numel == 0):
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
+        if isinstance(self.split_bytes, bool) or not isinstance(self.split_bytes, int) or self.split_bytes < 0:
+            raise ValueError(f"split_bytes must be an integer >= 0 (0: one program), got {self.split_bytes!r}")
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
@@ -147,16 +155,34 @@ class KernelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class GeneratedModule:
-    """The source of one (problem, dtype, direction, variant) and the launch plans of its kernels: the walk,
-    then (deterministic variant with accumulators) the fixup, launched in that order."""
+    """The programs of one (problem, dtype, direction, variant) and the launch plans of their kernels: the walk
+    (one kernel, or with ``spec.split_bytes`` one kernel per program of consecutive phases), then (deterministic
+    variant with accumulators) the fixup, launched in that order."""
 
     spec: KernelSpec
-    source: str
-    walk_plan: LaunchPlan
+    # in launch order; one program (walk and fixup kernels) unless the walk is split: then one per part of the
+    # walk (plans: that part's kernel, ``<walk>_p<i>``) and the fixup's own last
+    programs: tuple[Program, ...]
+    walk_plan: LaunchPlan  # the whole walk's contract (every part takes its arguments; its grid rows all phases)
     fixup_plan: LaunchPlan | None  # det variant with accumulators only
     schedule: Schedule
     acc_width: int  # columns of the accumulated rows (D_OUT forward, D_IN1 backward)
     gy_partials: int  # 0: no grad y; 1: written directly; >1: one partial per phase, summed afterwards
+
+    @property
+    def source(self) -> str:
+        """The CUDA source: the one program's, or every program's one after another (to read: split, each
+        compiles alone)."""
+        return "\n".join(p.source for p in self.programs)
+
+    @property
+    def walk_plans(self) -> tuple[LaunchPlan, ...]:
+        """The walk's launches in order: its plan, or one per part."""
+        return tuple(plan for p in self.programs for plan in p.plans if plan is not self.fixup_plan)
+
+    @property
+    def split(self) -> bool:
+        return len(self.walk_plans) > 1
 
     @property
     def num_phases(self) -> int:
@@ -387,7 +413,7 @@ class _PhaseEmitter:
         name, width = ("gy_out", "D_IN2") if self.spec.harmonics is None else ("gv_out", "3")
         if not self.multi_phase:
             return f"{name} + e * {width}"
-        block = "(long long)blockIdx.y" if self.spec.chunk_loops else f"{self.index}LL"
+        block = "(long long)by" if self.spec.chunk_loops else f"{self.index}LL"
         return f"{name} + {block} * num_edges * {width} + e * {width}"
 
     def segment(self, irrep: int, chunk: int):
@@ -463,7 +489,7 @@ class _PhaseEmitter:
         """Where this block's partial of the lengths' gradient goes (as gy_base)."""
         if not self.multi_phase:
             return "gr_out[e]"
-        block = "(long long)blockIdx.y" if self.spec.chunk_loops else f"{self.index}LL"
+        block = "(long long)by" if self.spec.chunk_loops else f"{self.index}LL"
         return f"gr_out[{block} * num_edges + e]"
 
     def x_operands(self, L: _Lines, path, u: str, ok: str | None, row: str, name: str = "x"):
@@ -735,7 +761,7 @@ class _PhaseEmitter:
         ordered = spec.variant == "det" and accumulate
         if spec.chunk_loops:  # one case label per chunk block; c32: the block's first channel
             labels = ": case ".join(str(self.first_block + c) for c in range(self.blocks))
-            acc_decl.lines.insert(0, f"    const int c32 = {WARP} * (int)(blockIdx.y - {self.first_block});")
+            acc_decl.lines.insert(0, f"    const int c32 = {WARP} * (by - {self.first_block});")
         else:
             labels = str(self.index)
         return _template("phase.cu").substitute(
@@ -899,16 +925,50 @@ def fixup_plan(spec: KernelSpec) -> LaunchPlan:
                       tuning=(("block_threads", FIXUP_THREADS),))
 
 
+def split_parts(sizes: list[int], limit: int) -> list[tuple[int, int]]:
+    """Consecutive groups ``[(first, end), ...]`` of items of ``sizes``: as few as keep each group within
+    ``limit`` (an item larger than ``limit`` alone), then balanced (the largest group as small as that many
+    groups allow). ``limit`` 0 or a total within it: one group."""
+    n = len(sizes)
+    if limit <= 0 or sum(sizes) <= limit or n <= 1:
+        return [(0, n)]
+    count, run = 1, 0
+    for size in sizes:  # greedy: the fewest groups within the limit
+        if run and run + size > limit:
+            count, run = count + 1, 0
+        run += size
+    # balanced: best[k][i] = the smallest largest group splitting sizes[:i] into k groups
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(count + 1)]
+    cut = [[0] * (n + 1) for _ in range(count + 1)]
+    best[0][0] = 0
+    for k in range(1, count + 1):
+        for i in range(1, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    groups, i = [], n
+    for k in range(count, 0, -1):
+        groups.append((cut[k][i], i))
+        i = cut[k][i]
+    return groups[::-1]
+
+
 def generate(spec: KernelSpec) -> GeneratedModule:
     reason = unsupported_reason(spec.problem)
     if reason is not None:
         raise NotImplementedError(reason)
     p = spec.problem
     schedule = schedule_for(spec)
-    blocks = sum(chunk_blocks(spec, schedule))  # along y: one per phase, or per phase and chunk
+    per_phase = chunk_blocks(spec, schedule)  # along y: one block per phase, or per phase and chunk
+    blocks = sum(per_phase)
     gy_partials = blocks if spec.writes[1] else 0
     walk = walk_plan(spec, blocks, gy_partials)
-    phases = "\n".join(_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases)))
+    phases = [_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases))]
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
     if spec.tabulated:
         prelude += "\n" + tabulated_weights_source(spec.dtype)
@@ -921,15 +981,35 @@ def generate(spec: KernelSpec) -> GeneratedModule:
                 f", given {named('gg', spec.need)}" if spec.double else f", grads of {named('', spec.need)}")
              + (", weights from a radial table by edge length (grad w: the lengths' gradient)"
                 if spec.tabulated else ""))
-    source = _template("walk.cu").substitute(
-        title=title, problem=p.describe(),
-        schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
-        prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
-        d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=walk.kernel,
-        parameters=walk.parameters(), phases=phases)
-    fixup = None
-    if spec.variant == "det" and spec.accumulates:
-        fixup = fixup_plan(spec)
-        source += "\n" + _template("fixup.cu").substitute(kernel=fixup.kernel, parameters=fixup.parameters())
-    return GeneratedModule(spec=spec, source=source, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
+    groups = split_parts([len(text) for text in phases], spec.split_bytes)
+
+    def walk_source(plan: LaunchPlan, first: int, end: int, what: str) -> str:
+        return _template("walk.cu").substitute(
+            title=title + what, problem=p.describe(),
+            schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
+            prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
+            d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=plan.kernel,
+            parameters=plan.parameters(), first_block=sum(per_phase[:first]), phases="\n".join(phases[first:end]))
+    fixup = fixup_plan(spec) if spec.variant == "det" and spec.accumulates else None
+    fixup_source = "" if fixup is None else _template("fixup.cu").substitute(kernel=fixup.kernel,
+                                                                              parameters=fixup.parameters())
+    if len(groups) == 1:
+        source = walk_source(walk, 0, len(phases), "")
+        plans = (walk,) if fixup is None else (walk, fixup)
+        programs = (Program(walk.kernel, source + ("\n" + fixup_source if fixup else ""), plans),)
+    else:
+        programs = []
+        for i, (first, end) in enumerate(groups):
+            rows = sum(per_phase[first:end])
+            part = dataclasses.replace(
+                walk, kernel=f"{walk.kernel}_p{i}", grid=dataclasses.replace(walk.grid, grid_y=rows),
+                zero_outputs=walk.zero_outputs if i == 0 else (),  # zeroed once, before the first part
+                tuning=walk.tuning + (("part", f"{i + 1} of {len(groups)}: phases {first}-{end - 1}"),))
+            what = f" (part {i + 1} of {len(groups)}: phases {first}-{end - 1} of {len(phases)})"
+            programs.append(Program(part.kernel, walk_source(part, first, end, what), (part,)))
+        if fixup is not None:
+            source = f"// The fixup of {walk.kernel}'s parts\n{prelude}\n{fixup_source}"
+            programs.append(Program(fixup.kernel, source, (fixup,)))
+        programs = tuple(programs)
+    return GeneratedModule(spec=spec, programs=programs, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
                            acc_width=acc_width, gy_partials=gy_partials)

@@ -135,6 +135,40 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, ta
     return small if pays else base
 
 
+# Walks split into programs of at most this much phase code each (codegen KernelSpec.split_bytes), compiled
+# concurrently at first use: NVRTC spends ~5-7 s per MB of unrolled walk on one core (benchmarks/compile_time.md),
+# so the cold compile of a walk is its largest part's (~1.4 s at 200 kB) instead of the whole (nequip-benzene's
+# double backward: 700 kB, ~5 s). Every bench MACE walk but mace-large's double backward (229 kB) is below it.
+# $MLIP_ACCEL_SPLIT_KB overrides it ("0": every walk one program, the benchmarks' A/B).
+SPLIT_BYTES = 200_000
+_ENV_SPLIT = os.environ.get("MLIP_ACCEL_SPLIT_KB", "").strip()
+_SPLIT_OVERRIDE: list[int] = []
+
+
+def split_bytes() -> int:
+    """The phase code per program of a split walk (0: never split): a test override, else
+    ``$MLIP_ACCEL_SPLIT_KB`` (kB), else :data:`SPLIT_BYTES`."""
+    if _SPLIT_OVERRIDE:
+        return _SPLIT_OVERRIDE[-1]
+    if _ENV_SPLIT:
+        try:
+            kb = float(_ENV_SPLIT)
+        except ValueError:
+            raise ValueError(f"MLIP_ACCEL_SPLIT_KB must be a number of kB (0: no split), got {_ENV_SPLIT!r}") from None
+        if kb < 0:
+            raise ValueError(f"MLIP_ACCEL_SPLIT_KB must be >= 0 (0: no split), got {_ENV_SPLIT!r}")
+        return int(kb * 1000)
+    return SPLIT_BYTES
+
+
+def split_walks(limit_bytes: int):
+    """Split walks into programs of at most ``limit_bytes`` of phase code inside the block (0: one program each;
+    tests force one phase per program with a tiny limit)."""
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
+        raise ValueError(f"limit_bytes must be an integer >= 0, got {limit_bytes!r}")
+    return _pushed(_SPLIT_OVERRIDE, limit_bytes)
+
+
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
     """Override the accumulator budget of each direction (every dtype) inside the block: ``forward`` for the

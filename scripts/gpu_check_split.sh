@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Split walks (issue 15's cold compile: codegen KernelSpec.split_bytes, runtime.tuning.SPLIT_BYTES; notes in
+# benchmarks/compile_time.md, last section) on the device machine, from the repository root with .whl/common and
+# .whl/nequip carried, in one call (~6 minutes). Results under $OUT (default ./gpu_check_split_out):
+#   setup.log             GPU, cores, versions
+#   compile_time.jsonl    scripts/compile_time.py per problem and dtype, every walk one program
+#                         (MLIP_ACCEL_SPLIT_KB=0) then the default split; 16 threads, then 1 (per-program seconds)
+#   timing_{0,default}/   scripts/kernel_timing.py run times (fwd / bwd / double backward) of both
+#   gpu_tests.log         test_split_walks_gpu.py, test_cuda_kernels.py, test_double_backward_gpu.py
+#   sanitizer.log         compute-sanitizer memcheck of scripts/sanitizer_case.py --only double with every multi-phase
+#                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
+#   summary.txt           PASSED/FAILED per stage
+# PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the timing stage,
+# SKIP_TESTS / SKIP_SANITIZER drop those stages.
+#
+#   OUT=/path bash scripts/gpu_check_split.sh
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
+gpu_check_start gpu_check_split || exit 1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  echo "cores: $(nproc)"
+  py_nequip -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; \
+print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
+  git log -1 --format='tree at %h %s' 2>/dev/null || true
+} 2>&1 | tee "$OUT/setup.log"
+
+problems=${PROBLEMS:-mace-medium,mace-large,nequip-benzene,nequip-oam-l,nequip-toluene}
+for kb in 0 default; do
+  env=$([[ $kb == 0 ]] && echo "MLIP_ACCEL_SPLIT_KB=0" || echo "")
+  # 16 threads first: NVRTC answers a source it already compiled in the process faster
+  timeout 170 bash -c "$env py_nequip scripts/compile_time.py --problems $problems --dtypes float32,float64 \
+    --threads 16,1 --out $OUT/compile_time.jsonl" 2>&1 \
+    | py_nequip -c "import json,sys
+for line in sys.stdin:
+    try: r = json.loads(line)
+    except ValueError: print(line, end=''); continue
+    print(r['problem'], r['dtype'], 'split_kB', r['split_kB'], 'programs', r['programs'], 'wall16', r['wall_s'].get('16'),
+          'serial', r.get('serial_sum_s'), 'slowest', max(r.get('program_s', {0: 0}).values()), 'first_use', r.get('first_use_16_s'))"
+  stage "compile_time_split_$kb" ${PIPESTATUS[0]}
+done
+
+for kb in 0 default; do
+  env=$([[ $kb == 0 ]] && echo "MLIP_ACCEL_SPLIT_KB=0" || echo "")
+  mkdir -p "$OUT/timing_$kb"
+  timeout 150 bash -c "$env MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_$kb py_nequip scripts/kernel_timing.py \
+    --e3nn '' --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} --out $OUT/timing_$kb" \
+    >"$OUT/timing_$kb/kernel_timing.log" 2>&1
+  stage "kernel_timing_split_$kb" $?
+  grep "^|" "$OUT/timing_$kb/kernel_timing.log" | head -n 20
+done
+
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip 200 gpu_tests test_split_walks_gpu.py test_cuda_kernels.py \
+  test_double_backward_gpu.py
+
+[[ -n ${SKIP_SANITIZER:-} ]] || {
+  : >"$OUT/sanitizer.log"
+  if command -v compute-sanitizer >/dev/null; then
+    MLIP_ACCEL_SPLIT_KB=0.001 timeout 40 bash -c "py_nequip scripts/sanitizer_case.py --only double" 2>&1 \
+      | tee -a "$OUT/sanitizer.log" | tail -n 2  # compiles into the cache, checks the results
+    MLIP_ACCEL_SPLIT_KB=0.001 PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP timeout 150 \
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitizer_case.py --only double 2>&1 \
+      | tee -a "$OUT/sanitizer.log" | tail -n 4
+    stage "memcheck (walks split)" "${PIPESTATUS[0]}"
+  else
+    stage "memcheck (compute-sanitizer not found)" 1
+  fi
+}
+cat "$OUT/summary.txt"
+exit $status
