@@ -5,7 +5,7 @@ compile_many with 1..N threads). Runs on the CPU (NVRTC only, no GPU needed); th
 memory cache cleared before each compile, so every number is a cold compile.
 
     python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
-                                    [--arch 90] [--chunk-loops] [--out FILE.jsonl]
+                                    [--arch 90] [--chunk-loops] [--by-direction] [--out FILE.jsonl]
 
 With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so);
 with MLIP_ACCEL_SPLIT_KB the walks split at that many kB of phase code (0: one program each; rows say ``split_kB``).
@@ -61,6 +61,10 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--chunk-loops", action="store_true", help="generate with runtime.tuning's chunk loops")
+    parser.add_argument("--by-direction", action="store_true",
+                        help="compile each direction's programs together, in launch order (with the most --threads), "
+                             "as the first forward, backward and double backward of a training step do; one pass: "
+                             "NVRTC answers a source it already compiled in the process faster")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     with backend.chunk_loops(args.chunk_loops):
@@ -81,6 +85,25 @@ def measure(args) -> None:
                    "source_kB": round(sum(map(len, sources)) / 1000),
                    "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
                    "load_avg": os.getloadavg()[0], "wall_s": {}}
+            if args.by_direction:  # as a training step's first calls compile: each direction's programs together
+                threads = max(map(int, args.threads.split(",")))
+                compiler.clear_memory_cache()
+                row["by_direction_wall_s"], seen = {}, set()
+                first_uses = direction_programs(problem, dtype)
+                # the fused double backward prepares both of its walks at once (runtime.backend)
+                first_uses["double"] = first_uses.pop("double_forward") + first_uses.pop("double_backward")
+                for direction, names in first_uses.items():
+                    batch = [p for p in programs if p.name in names and p.name not in seen]
+                    seen.update(names)
+                    start = time.perf_counter()
+                    compiler.compile_many([p.source for p in batch], target, [f"{p.name}.cu" for p in batch], threads)
+                    row["by_direction_wall_s"][direction] = round(time.perf_counter() - start, 2)
+                row["threads"] = threads
+                print(json.dumps(row), flush=True)
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                continue
             for threads in map(int, args.threads.split(",")):
                 compiler.clear_memory_cache()
                 start = time.perf_counter()

@@ -5,13 +5,15 @@
 #   setup.log             GPU, cores, versions
 #   compile_time.jsonl    scripts/compile_time.py per problem and dtype, every walk one program
 #                         (MLIP_ACCEL_SPLIT_KB=0) then the default split; 16 threads, then 1 (per-program seconds)
-#   timing_{0,default}/   scripts/kernel_timing.py run times (fwd / bwd / double backward) of both
+#                         (BY_DIRECTION=1: each direction's programs together in launch order, 16 threads)
+#   split_ab.{json,md}    scripts/split_ab.py: run times (fwd / bwd / double backward) split against one program,
+#                         alternating in one process, outputs compared bitwise
 #   gpu_tests.log         test_split_walks_gpu.py, test_cuda_kernels.py, test_double_backward_gpu.py
 #   sanitizer.log         compute-sanitizer memcheck of scripts/sanitizer_case.py --only double with every multi-phase
 #                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
 #   summary.txt           PASSED/FAILED per stage
-# PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the timing stage,
-# SKIP_TESTS / SKIP_SANITIZER drop those stages.
+# PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the A/B stage,
+# SKIP_COMPILE / SKIP_AB / SKIP_TESTS / SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
 #
 #   OUT=/path bash scripts/gpu_check_split.sh
 set -uo pipefail
@@ -26,31 +28,32 @@ print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVe
 } 2>&1 | tee "$OUT/setup.log"
 
 problems=${PROBLEMS:-mace-medium,mace-large,nequip-benzene,nequip-oam-l,nequip-toluene}
-for kb in 0 default; do
+for kb in $([[ -n ${SKIP_COMPILE:-} ]] || echo 0 default); do
   env=$([[ $kb == 0 ]] && echo "MLIP_ACCEL_SPLIT_KB=0" || echo "")
-  # 16 threads first: NVRTC answers a source it already compiled in the process faster
+  # a fresh process per setting, each source compiled once in it (NVRTC answers a repeated source faster):
+  # BY_DIRECTION=1 compiles each direction's programs together in launch order, as a training step's first calls
+  # do; else all of a problem's programs together on 16 threads, then one by one (per-program seconds)
   timeout 170 bash -c "$env py_nequip scripts/compile_time.py --problems $problems --dtypes float32,float64 \
-    --threads 16,1 --out $OUT/compile_time.jsonl" 2>&1 \
+    $([[ -n ${BY_DIRECTION:-} ]] && echo '--threads 16 --by-direction' || echo '--threads 16,1') \
+    --out $OUT/compile_time.jsonl" 2>&1 \
     | py_nequip -c "import json,sys
 for line in sys.stdin:
     try: r = json.loads(line)
     except ValueError: print(line, end=''); continue
     print(r['problem'], r['dtype'], 'split_kB', r['split_kB'], 'programs', r['programs'], 'wall16', r['wall_s'].get('16'),
-          'serial', r.get('serial_sum_s'), 'slowest', max(r.get('program_s', {0: 0}).values()), 'first_use', r.get('first_use_16_s'))"
+          'serial', r.get('serial_sum_s'), 'slowest', max(r.get('program_s', {0: 0}).values()), 'first_use', r.get('first_use_16_s'),
+          'by_direction', r.get('by_direction_wall_s'))"
   stage "compile_time_split_$kb" ${PIPESTATUS[0]}
 done
 
-for kb in 0 default; do
-  env=$([[ $kb == 0 ]] && echo "MLIP_ACCEL_SPLIT_KB=0" || echo "")
-  mkdir -p "$OUT/timing_$kb"
-  timeout 150 bash -c "$env MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_$kb py_nequip scripts/kernel_timing.py \
-    --e3nn '' --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} --out $OUT/timing_$kb" \
-    >"$OUT/timing_$kb/kernel_timing.log" 2>&1
-  stage "kernel_timing_split_$kb" $?
-  grep "^|" "$OUT/timing_$kb/kernel_timing.log" | head -n 20
-done
+[[ -n ${SKIP_AB:-} ]] || {
+  timeout 200 bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/split_ab.py \
+    --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} --out $OUT" >"$OUT/split_ab.log" 2>&1
+  stage split_ab $?
+  grep "^|" "$OUT/split_ab.log"
+}
 
-[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip 200 gpu_tests test_split_walks_gpu.py test_cuda_kernels.py \
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip ${TESTS_TIMEOUT:-200} gpu_tests test_split_walks_gpu.py test_cuda_kernels.py \
   test_double_backward_gpu.py
 
 [[ -n ${SKIP_SANITIZER:-} ]] || {

@@ -51,10 +51,11 @@ def e3nn_tp(problem, dtype):
 
 
 def compile_times(problem, dtype: str) -> dict:
-    """Cold compile (no caches) and warm start (disk cache hit) of forward + backward (deterministic)."""
+    """Cold compile (no caches; one program after another) and warm start (disk cache hit) of forward + backward
+    (deterministic)."""
     target = compiler.target_for(torch.cuda.get_device_capability())
-    sources = [cuda.module_for(problem, dtype, "forward", "det").source,
-               cuda.module_for(problem, dtype, "backward", "det").source]
+    sources = [p.source for d in ("forward", "backward")  # every program of the walks (a split walk has several)
+               for p in cuda.module_for(problem, dtype, d, "det").programs]
     start = time.perf_counter()
     for s in sources:
         compiler.compile_uncached(s, (*compiler.BASE_OPTIONS, target.option), target.kind, "cold.cu")
@@ -124,12 +125,15 @@ SWEEP_LOOPS = (False, True)  # chunk loops (runtime.tuning.chunk_loops) off and 
 
 
 def kernel_resources(gm) -> dict:
-    """Registers per thread and local (spill) bytes of a module's walk kernel, read from the driver."""
+    """Registers per thread and local (spill) bytes of a module's walk kernel (a split walk: its largest part's),
+    read from the driver."""
     from cupy_backends.cuda.api import driver
     from mlip_accel.runtime.executor import executor_for
-    func = executor_for(torch.device("cuda", torch.cuda.current_device())).function(
-        gm, gm.walk_kernel, torch.device("cuda", torch.cuda.current_device()))
-    return {"regs": driver.funcGetAttribute(4, func), "local_bytes": driver.funcGetAttribute(3, func)}
+    device = torch.device("cuda", torch.cuda.current_device())
+    funcs = [executor_for(device).function(program, plan.kernel, device)  # every part of a split walk: the largest
+             for program in gm.programs for plan in program.plans if plan is not gm.fixup_plan]
+    return {"regs": max(driver.funcGetAttribute(4, f) for f in funcs),
+            "local_bytes": max(driver.funcGetAttribute(3, f) for f in funcs)}
 
 
 def double_settings(dt: str) -> list[dict]:
@@ -165,10 +169,10 @@ def sweep(problem, name: str, dtype, num_nodes: int, num_edges: int, workers: in
         if direction in directions:
             for b, loops in itertools.product(budgets, SWEEP_LOOPS):
                 with cuda.accumulator_budget(**{direction: b}), cuda.chunk_loops(loops):
-                    sources.append(cuda.module_for(problem, dt, direction, "det").source)
+                    sources += [p.source for p in cuda.module_for(problem, dt, direction, "det").programs]
     if "double" in directions:
         for setting in double_settings(dt):
-            sources += [gm.source for gm in _double_modules(problem, dt, setting)]
+            sources += [p.source for gm in _double_modules(problem, dt, setting) for p in gm.programs]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(compiler.ensure_cached, sources, itertools.repeat(target, len(sources)), chunksize=1))
     x, y, w, gz, dst, src, graph = random_case(problem, dtype, num_nodes, num_edges)
