@@ -5,7 +5,7 @@ walk one program (``split_walks(0)``) and at the default split, alternating A, B
 temperature fall on both; the outputs of the two are compared bitwise.
 
     python3 scripts/split_ab.py [--problems nequip-benzene,mace-large] [--dtypes float32,float64] [--rounds 5]
-                                [--limit-kb 200] [--flush] [--out DIR]
+                                [--limit-kb 200] [--flush] [--forward-epw 40,80] [--out DIR]
 
 Writes split_ab.json and split_ab.md (medians over rounds of each round's median, ratio split / one program).
 """
@@ -48,6 +48,13 @@ def calls(problem, tensors):
             "dbl": lambda: ops.conv_double_backward(x, y, w, gz, *ggs, dst, src, *orders, key, "cuda")}
 
 
+def with_epw(fn, epw: int):
+    def call():
+        with tuning.edges_per_warp(epw):
+            return fn()
+    return call
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
@@ -58,6 +65,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES / 1000)
     parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
+    parser.add_argument("--forward-epw", default="",
+                        help="also time the forward with these edges per warp (comma list; runtime.tuning.edges_per_warp):"
+                             " more, shorter warps fill more of the GPU per launch than the mean-degree rule")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     limit = int(args.limit_kb * 1000)
@@ -70,6 +80,8 @@ def main() -> None:
             dtype = dtype_of(dt)
             tensors = case(problem, dtype, args.nodes, args.edges)
             fns = calls(problem, tensors)
+            for epw in filter(None, args.forward_epw.split(",")):
+                fns[f"fwd_epw{epw}"] = with_epw(fns["fwd"], int(epw))
             settings = {"one": 0, "split": limit}
             parts = {}
             for label, value in settings.items():
@@ -109,6 +121,12 @@ def main() -> None:
                      f"{p['double_backward']} | " + " | ".join(f"{r[k + '_one_ms']:.3f} / {r[k + '_split_ms']:.3f}"
                                                           for k in ("fwd", "bwd", "dbl"))
                      + f" | {r['fwd_ratio']:.3f} / {r['bwd_ratio']:.3f} / {r['dbl_ratio']:.3f} | {r['bitwise_equal']} |")
+    extra = sorted({k[:-7] for r in rows for k in r if k.startswith("fwd_epw") and k.endswith("_one_ms")})
+    if extra:
+        lines += ["", "Forward with forced edges per warp (one / split ms, ratio):", ""]
+        for r in rows:
+            lines.append(f"- {r['problem']} {r['dtype']}: " + "; ".join(
+                f"{k}: {r[k + '_one_ms']:.3f} / {r[k + '_split_ms']:.3f} ({r[k + '_ratio']:.3f})" for k in extra))
     (out / "split_ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
