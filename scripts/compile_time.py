@@ -18,11 +18,13 @@ times (longest-first onto 16 threads).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import heapq
 import json
 import os
 import time
+import uuid
 
 os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # cold compiles only (read when compiling, set before any)
 
@@ -65,6 +67,9 @@ def main() -> None:
                         help="compile each direction's programs together, in launch order (with the most --threads), "
                              "as the first forward, backward and double backward of a training step do; one pass: "
                              "NVRTC answers a source it already compiled in the process faster")
+    parser.add_argument("--no-nonce", dest="nonce", action="store_false",
+                        help="compile the sources as generated (default: each behind a unique comment, so no cache "
+                             "of NVRTC's or the driver's can answer it)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     with backend.chunk_loops(args.chunk_loops):
@@ -78,12 +83,17 @@ def measure(args) -> None:
         problem = bench_problem(specs[name])
         for dtype in args.dtypes.split(","):
             programs = step_programs(problem, dtype)
+            generated = hashlib.sha256("\0".join(p.source for p in programs).encode()).hexdigest()[:16]
+            if args.nonce:  # a source never compiled before on this machine: NVRTC 13 answered a source compiled
+                # earlier, even in another process, in ~0.1 s (device calls of 2026-11-28)
+                tag = f"// cold-compile nonce {uuid.uuid4().hex}\n"
+                programs = [dataclasses.replace(p, source=tag + p.source) for p in programs]
             sources = [p.source for p in programs]
             row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,
                    "fast_compile": bool(compiler.fast_compile_options()), "programs": len(programs),
-                   "split_kB": tuning.split_bytes() // 1000,
+                   "split_kB": {side: tuning.split_bytes(side) // 1000 for side in ("in1", "out")}, "nonce": args.nonce,
                    "source_kB": round(sum(map(len, sources)) / 1000),
-                   "sha256": hashlib.sha256("\0".join(sources).encode()).hexdigest()[:16],
+                   "sha256": generated,  # of the sources as generated (without the nonce)
                    "load_avg": os.getloadavg()[0], "wall_s": {}}
             if args.by_direction:  # as a training step's first calls compile: each direction's programs together
                 threads = max(map(int, args.threads.split(",")))

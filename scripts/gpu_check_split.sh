@@ -3,8 +3,9 @@
 # benchmarks/compile_time.md, last section) on the device machine, from the repository root with .whl/common and
 # .whl/nequip carried, in one call (~6 minutes). Results under $OUT (default ./gpu_check_split_out):
 #   setup.log             GPU, cores, versions
-#   compile_time.jsonl    scripts/compile_time.py per problem and dtype, every walk one program
-#                         (MLIP_ACCEL_SPLIT_KB=0) then the default split; 16 threads, then 1 (per-program seconds)
+#   compile_time.jsonl    scripts/compile_time.py per problem and dtype (sources behind a nonce: cold), for each of
+#                         SPLIT_SETTINGS (default "0 default": every walk one program, then the default rule; a
+#                         number: MLIP_ACCEL_SPLIT_KB for both sides); 16 threads, then 1 (per-program seconds)
 #                         (BY_DIRECTION=1: each direction's programs together in launch order, 16 threads)
 #   split_ab.{json,md}    scripts/split_ab.py: run times (fwd / bwd / double backward) split against one program,
 #                         alternating in one process, outputs compared bitwise
@@ -13,7 +14,8 @@
 #                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
 #   summary.txt           PASSED/FAILED per stage
 # PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the A/B stage,
-# SKIP_COMPILE / SKIP_AB / SKIP_TESTS / SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
+# AB_ARGS adds split_ab.py arguments, TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
+# SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
 #
 #   OUT=/path bash scripts/gpu_check_split.sh
 set -uo pipefail
@@ -28,8 +30,8 @@ print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVe
 } 2>&1 | tee "$OUT/setup.log"
 
 problems=${PROBLEMS:-mace-medium,mace-large,nequip-benzene,nequip-oam-l,nequip-toluene}
-for kb in $([[ -n ${SKIP_COMPILE:-} ]] || echo 0 default); do
-  env=$([[ $kb == 0 ]] && echo "MLIP_ACCEL_SPLIT_KB=0" || echo "")
+for kb in $([[ -n ${SKIP_COMPILE:-} ]] || echo "${SPLIT_SETTINGS:-0 default}"); do
+  env=$([[ $kb == default ]] && echo "" || echo "MLIP_ACCEL_SPLIT_KB=$kb")
   # a fresh process per setting, each source compiled once in it (NVRTC answers a repeated source faster):
   # BY_DIRECTION=1 compiles each direction's programs together in launch order, as a training step's first calls
   # do; else all of a problem's programs together on 16 threads, then one by one (per-program seconds)
@@ -48,13 +50,14 @@ done
 
 [[ -n ${SKIP_AB:-} ]] || {
   timeout 200 bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/split_ab.py \
-    --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} --out $OUT" >"$OUT/split_ab.log" 2>&1
+    --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} ${AB_ARGS:-} --out $OUT" >"$OUT/split_ab.log" 2>&1
   stage split_ab $?
   grep "^|" "$OUT/split_ab.log"
 }
 
-[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip ${TESTS_TIMEOUT:-200} gpu_tests test_split_walks_gpu.py test_cuda_kernels.py \
-  test_double_backward_gpu.py
+# shellcheck disable=SC2086  # TESTS: pytest arguments
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip ${TESTS_TIMEOUT:-200} gpu_tests \
+  ${TESTS:-test_split_walks_gpu.py test_cuda_kernels.py test_double_backward_gpu.py}
 
 [[ -n ${SKIP_SANITIZER:-} ]] || {
   : >"$OUT/sanitizer.log"
