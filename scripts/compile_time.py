@@ -91,7 +91,7 @@ def measure(args) -> None:
             sources = [p.source for p in programs]
             row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,
                    "fast_compile": bool(compiler.fast_compile_options()), "programs": len(programs),
-                   "split_kB": {side: tuning.split_bytes(side) // 1000 for side in ("in1", "out")}, "nonce": args.nonce,
+                   "split_kB": {d: tuning.split_bytes(d) // 1000 for d in DIRECTIONS}, "nonce": args.nonce,
                    "source_kB": round(sum(map(len, sources)) / 1000),
                    "sha256": generated,  # of the sources as generated (without the nonce)
                    "load_avg": os.getloadavg()[0], "wall_s": {}}

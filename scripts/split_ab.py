@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=158000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES["in1"] / 1000)
+    parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES["backward"] / 1000)
     parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
     parser.add_argument("--forward-epw", default="",
                         help="also time the forward with these edges per warp (comma list; runtime.tuning.edges_per_warp):"

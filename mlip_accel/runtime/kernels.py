@@ -3,7 +3,6 @@ budget, chunk loops, tabulated, grad_z's columns, harmonics, split) for the life
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
-from ..codegen.tensor_product import SIDES
 from ..problem import TPProblem
 from .tuning import budget_for, chunk_loops_enabled, gz_e3nn_enabled, split_bytes
 
@@ -24,7 +23,7 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     loops = chunk_loops_enabled(problem, direction, dtype, variant, tabulated)  # a lookup, a min over a few irreps
     budget = budget_for(direction, dtype, problem, loops, tabulated)
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
-    split = split_bytes(SIDES[direction])
+    split = split_bytes(direction)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops, tabulated, gz_e3nn, harmonics, split)
     gm = _MODULES.get(key)

@@ -137,21 +137,21 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, ta
 
 # Walks split into programs of at most this much phase code each (codegen KernelSpec.split_bytes), compiled
 # concurrently at first use: NVRTC spends ~5-7 s per MB of unrolled walk on one core (benchmarks/compile_time.md),
-# so the cold compile of a walk is its largest part's instead of the whole's. Measured on an H200 host (16 cores,
-# NVRTC 13.0; compile_time.md, last section): nequip-benzene's first backward 3.3 -> 1.6 s, first double backward
-# 6.9 -> 2.0 s; run time in one process (split_ab.py) backward 0.96-1.0x, double backward 0.97-1.02x. By sender only:
-# split, the forward by receiver ran 14 % slower (nequip-benzene fp32, 1000 nodes: its mean-degree grid is ~one wave
-# per phase, and the phases of one launch overlapped), so the walks by receiver stay one program.
-# Every bench MACE walk but mace-large's fp32 double backward (229 kB) is below the limit.
-# $MLIP_ACCEL_SPLIT_KB overrides it for both sides ("0": every walk one program, the benchmarks' A/B).
-SPLIT_BYTES = {"in1": 200_000, "out": 0}  # by the walk's side (codegen.tensor_product.SIDES): by sender, by receiver
+# so the cold compile of a walk is its largest part's instead of the whole's. Measured on H200 hosts (16 cores,
+# NVRTC 13.0; compile_time.md, last section), nequip-benzene's first backward 4.8 -> 1.8 s and first double backward
+# 6.8 -> 1.9-2.0 s (fp32); run time in one process (split_ab.py): backward 0.99-1.01x, double backward 1.02-1.03x.
+# The forward is split only above 400 kB: split, nequip-benzene's (278 kB, 2 parts) ran 8-14 % slower (not the grid:
+# more, shorter warps did not help), and its run time matters more than a one-time compile (3 s there).
+# Every bench MACE walk but mace-large's fp32 double backward (229 kB) is below the limits.
+# $MLIP_ACCEL_SPLIT_KB overrides them all ("0": every walk one program, the benchmarks' A/B).
+SPLIT_BYTES = {"forward": 400_000, "backward": 200_000, "double_forward": 200_000, "double_backward": 200_000}
 _ENV_SPLIT = os.environ.get("MLIP_ACCEL_SPLIT_KB", "").strip()
 _SPLIT_OVERRIDE: list[int] = []
 
 
-def split_bytes(side: str = "in1") -> int:
-    """The phase code per program of a split walk by ``side`` ("in1": by sender, "out": by receiver; 0: never
-    split): a test override, else ``$MLIP_ACCEL_SPLIT_KB`` (kB), else :data:`SPLIT_BYTES`."""
+def split_bytes(direction: str = "backward") -> int:
+    """The phase code per program of a split walk of ``direction`` (0: never split): a test override, else
+    ``$MLIP_ACCEL_SPLIT_KB`` (kB), else :data:`SPLIT_BYTES`."""
     if _SPLIT_OVERRIDE:
         return _SPLIT_OVERRIDE[-1]
     if _ENV_SPLIT:
@@ -162,7 +162,7 @@ def split_bytes(side: str = "in1") -> int:
         if kb < 0:
             raise ValueError(f"MLIP_ACCEL_SPLIT_KB must be >= 0 (0: no split), got {_ENV_SPLIT!r}")
         return int(kb * 1000)
-    return SPLIT_BYTES[side]
+    return SPLIT_BYTES[direction]
 
 
 def split_walks(limit_bytes: int):
