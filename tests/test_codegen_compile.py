@@ -32,15 +32,25 @@ NAMES = [p["name"] for p in bench_problem_specs()]
 
 
 def _compile(job):
-    """Compile each (source, name) of ``job``'s programs for its arch: (total image bytes, first error)."""
+    """Compile one (source, arch, name): (image bytes, error)."""
     from mlip_accel.runtime import compiler
+    source, arch, name = job
+    try:
+        image = compiler._compile(source, (*compiler.BASE_OPTIONS, f"-arch={arch}"), "cubin", name)
+        return len(image), None
+    except Exception as err:  # reported by the test of this case
+        return 0, str(err)[:4000]
+
+
+def _compile_programs(job):
+    """Compile each (source, name) of ``job``'s programs for its arch: (total image bytes, first error)."""
     programs, arch = job
     size = 0
     for source, name in programs:
-        try:
-            size += len(compiler._compile(source, (*compiler.BASE_OPTIONS, f"-arch={arch}"), "cubin", name))
-        except Exception as err:  # reported by the test of this case
-            return 0, f"{name}: {str(err)[:4000]}"
+        n, error = _compile((source, arch, name))
+        if error is not None:
+            return 0, f"{name}: {error}"
+        size += n
     return size, None
 
 
@@ -87,7 +97,7 @@ def compiled():
                     jobs[(spec["name"], dtype, f"{direction}-{_given_id(given)}", arch)] = _walk(gm, arch)
     workers = max(1, min(8, os.cpu_count() or 1))
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        results = pool.map(_compile, jobs.values(), chunksize=1)
+        results = pool.map(_compile_programs, jobs.values(), chunksize=1)
         return dict(zip(jobs, results))
 
 

@@ -149,9 +149,9 @@ def _bitwise(a, b, what, exact=True):
             assert rel_err(u, v) <= 1e-13, f"{what} output {n}: split differs from one program"
 
 
-@pytest.mark.parametrize("loops", [False, True], ids=["unrolled", "loops"])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
-@pytest.mark.parametrize("seed", [0, 3])
+@pytest.mark.parametrize("seed,deterministic,loops", [(0, True, False), (3, True, True), (0, False, True),
+                                                     (3, False, False)],
+                         ids=["det-unrolled", "det-loops", "atomic-loops", "atomic-unrolled"])
 def test_split_walks_match_one_program_bitwise(emulator, seed, deterministic, loops):
     problem = random_uvu_problem(seed)
     dtype = torch.float64
