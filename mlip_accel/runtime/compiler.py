@@ -37,6 +37,8 @@ import time
 import warnings
 from pathlib import Path
 
+from .tuning import env_number
+
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
 THREADS_ENV = "MLIP_ACCEL_COMPILE_THREADS"
 FAST_COMPILE_ENV = "MLIP_ACCEL_FAST_COMPILE"
@@ -213,14 +215,8 @@ def fast_compile_options() -> tuple[str, ...]:
 
 def compile_threads() -> int:
     """Threads :func:`compile_many` uses: ``$MLIP_ACCEL_COMPILE_THREADS``, else the CPUs this process may use."""
-    value = os.environ.get(THREADS_ENV, "").strip()
-    if value:
-        try:
-            threads = int(value)
-        except ValueError:
-            raise ValueError(f"{THREADS_ENV}={value!r}: expected a positive integer") from None
-        if threads < 1:
-            raise ValueError(f"{THREADS_ENV}={value!r}: expected a positive integer")
+    threads = env_number(THREADS_ENV, int, 1, "a positive integer")
+    if threads is not None:
         return threads
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 

@@ -5,6 +5,7 @@ here (:func:`scalar_overrides`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 # Accumulators per lane and phase (codegen/schedule.py), from a sweep on an H200 (carbon-1k-size graph,
@@ -145,8 +146,29 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, ta
 # Every bench MACE walk but mace-large's fp32 double backward (229 kB) is below the limits.
 # $MLIP_ACCEL_SPLIT_KB overrides them all ("0": every walk one program, the benchmarks' A/B).
 SPLIT_BYTES = {"forward": 400_000, "backward": 200_000, "double_forward": 200_000, "double_backward": 200_000}
-_ENV_SPLIT = os.environ.get("MLIP_ACCEL_SPLIT_KB", "").strip()
 _SPLIT_OVERRIDE: list[int] = []
+
+
+def env_number(name: str, kind=int, minimum=0, what: str = "an integer >= 0"):
+    """The number ``$name`` holds (``kind`` of its text), None when unset or blank; a ValueError that names it and
+    says ``what`` was expected when it is not a number or below ``minimum``."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        number = None
+    if number is None or not number >= minimum:  # (not >=: NaN is refused too)
+        raise ValueError(f"{name}={value!r}: expected {what}")
+    return number
+
+
+@functools.lru_cache(maxsize=None)
+def _env_split() -> float | None:
+    """``$MLIP_ACCEL_SPLIT_KB``, read at the first walk generated (a bad value then fails every generation, not the
+    import)."""
+    return env_number("MLIP_ACCEL_SPLIT_KB", float, 0, "a number of kB >= 0 (0: every walk one program)")
 
 
 def split_bytes(direction: str = "backward") -> int:
@@ -154,13 +176,8 @@ def split_bytes(direction: str = "backward") -> int:
     ``$MLIP_ACCEL_SPLIT_KB`` (kB), else :data:`SPLIT_BYTES`."""
     if _SPLIT_OVERRIDE:
         return _SPLIT_OVERRIDE[-1]
-    if _ENV_SPLIT:
-        try:
-            kb = float(_ENV_SPLIT)
-        except ValueError:
-            raise ValueError(f"MLIP_ACCEL_SPLIT_KB must be a number of kB (0: no split), got {_ENV_SPLIT!r}") from None
-        if kb < 0:
-            raise ValueError(f"MLIP_ACCEL_SPLIT_KB must be >= 0 (0: no split), got {_ENV_SPLIT!r}")
+    kb = _env_split()
+    if kb is not None:
         return int(kb * 1000)
     return SPLIT_BYTES[direction]
 
