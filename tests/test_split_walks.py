@@ -101,7 +101,8 @@ def test_runtime_modules_follow_the_override():
             assert module_for(problem, "float32", "backward", "det").split
 
 
-@pytest.mark.parametrize("value,ok", [("0", True), ("12.5", True), ("lots", False), ("-3", False)])
+@pytest.mark.parametrize("value,ok", [("0", True), ("12.5", True), ("lots", False), ("-3", False), ("inf", False),
+                                      ("nan", False)])
 def test_environment_variable(value, ok):
     code = ("from mlip_accel.runtime import tuning; print(tuning.split_bytes())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
