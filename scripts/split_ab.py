@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from mlip_accel.graph import edge_orders, sort_edges
+from kernel_timing import random_case  # this folder: the scripts run as python3 scripts/<name>.py
+from mlip_accel.graph import edge_orders
 from mlip_accel.ops import custom_ops  # noqa: F401
 from mlip_accel.problem import register_problem
 from mlip_accel.runtime import tuning
@@ -31,13 +32,9 @@ DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 
 
 def case(problem, dtype, nodes: int, edges: int):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    rnd = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype, generator=g)  # noqa: E731
-    x, y, w, gz = rnd(nodes, problem.dim_in1), rnd(edges, problem.dim_in2), rnd(edges, problem.weight_numel), \
-        rnd(nodes, problem.dim_out)
-    dst = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
-    src = torch.randint(0, nodes, (edges,), device="cuda", generator=g)
-    return x, y, w, gz, [torch.randn_like(t) for t in (x, y, w)], dst, src, edge_orders(sort_edges(dst, src, nodes))
+    """kernel_timing's seeded random case, with the double backward's incoming gradients and the two edge orders."""
+    x, y, w, gz, dst, src, graph = random_case(problem, dtype, nodes, edges)
+    return x, y, w, gz, [torch.randn_like(t) for t in (x, y, w)], dst, src, edge_orders(graph)
 
 
 def calls(problem, tensors):
