@@ -7,14 +7,14 @@
 #                         SPLIT_SETTINGS (default "0 default": every walk one program, then the default rule; a
 #                         number: MLIP_ACCEL_SPLIT_KB for both sides); 16 threads, then 1 (per-program seconds)
 #                         (BY_DIRECTION=1: each direction's programs together in launch order, 16 threads)
-#   split_ab.{json,md}    scripts/split_ab.py: run times (fwd / bwd / double backward) split against one program,
+#   walk_ab_split.{json,md}  scripts/walk_ab.py --what split: run times (fwd / bwd / double backward) split against one program,
 #                         alternating in one process, outputs compared bitwise
 #   gpu_tests.log         test_split_walks_gpu.py, test_cuda_kernels.py, test_double_backward_gpu.py
 #   sanitizer.log         compute-sanitizer memcheck of scripts/sanitizer_case.py --only double with every multi-phase
 #                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
 #   summary.txt           PASSED/FAILED per stage
 # PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the A/B stage,
-# AB_ARGS adds split_ab.py arguments, TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
+# AB_ARGS adds walk_ab.py arguments, TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
 # SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
 #
 #   OUT=/path bash scripts/gpu_check_split.sh
@@ -49,10 +49,10 @@ for line in sys.stdin:
 done
 
 [[ -n ${SKIP_AB:-} ]] || {
-  timeout 200 bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/split_ab.py \
-    --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} ${AB_ARGS:-} --out $OUT" >"$OUT/split_ab.log" 2>&1
-  stage split_ab $?
-  grep "^|" "$OUT/split_ab.log"
+  timeout 200 bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/walk_ab.py --what split \
+    --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} ${AB_ARGS:-} --out $OUT" >"$OUT/walk_ab_split.log" 2>&1
+  stage walk_ab_split $?
+  grep "^|" "$OUT/walk_ab_split.log"
 }
 
 # shellcheck disable=SC2086  # TESTS: pytest arguments

@@ -1,6 +1,6 @@
 """CI compile check (CPU only): every kernel family x dtype x problem of problems.json compiles with NVRTC
 for sm_80 and sm_90 (the convolution's forward and backward walks also reading a radial table), the fused double backward's walks with every incoming gradient given and, on one problem,
-with each subset of them, and there every family generated with chunk loops. NVRTC runs without a GPU; the disk
+with each subset of them, and there every family generated with chunk loops and with prefetch hints. NVRTC runs without a GPU; the disk
 cache is bypassed (each case really compiles)."""
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def compiled():
                                          chunk_loops=True))
                 for arch in ARCHS:
                     jobs[(spec["name"], dtype, f"{direction}-{variant}-loops", arch)] = _walk(gm, arch)
+                # with prefetch hints (KernelSpec.prefetch: inline PTX), unrolled and looped
+                for level, loops in (("L2", False), ("L1", True)):
+                    gm = generate(KernelSpec(problem, dtype, direction, variant, budget=budget_for(direction, dtype),
+                                             chunk_loops=loops, prefetch=level))
+                    for arch in ARCHS:
+                        jobs[(spec["name"], dtype, f"{direction}-{variant}-pf{level}", arch)] = _walk(gm, arch)
             for direction, given in itertools.product(("double_forward", "double_backward"), GIVEN):
                 gm = generate(KernelSpec(problem, dtype, direction, "det", given, budget_for(direction, dtype)))
                 for arch in ARCHS:
@@ -142,6 +148,18 @@ def test_tabulated_walks_compile_with_nvrtc(compiled, name, dtype, family, arch)
     if key not in compiled:
         pytest.skip(f"{name}: no per-edge weights to tabulate, or (-sh) irreps_in2 are not spherical harmonics")
     size, error = compiled[key]
+    assert error is None, error
+    assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("family", [f"{d}-{v}-pf{level}" for d, v in FAMILIES for level in ("L1", "L2")])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefetch_hints_compile(compiled, dtype, family, arch):
+    """The walks with prefetch hints (inline PTX ``prefetch.global.L1/L2``; L1 looped, L2 unrolled)."""
+    if GIVEN_PROBLEM not in NAMES:
+        pytest.skip(f"{GIVEN_PROBLEM} is not in problems.json")
+    size, error = compiled[(GIVEN_PROBLEM, dtype, family, arch)]
     assert error is None, error
     assert size > 0
 

@@ -30,6 +30,7 @@ import functools
 from ..problem import TPProblem, irreps_str
 from ..problem.spherical_harmonics import SHProblem
 from . import nonzeros, spherical_harmonics
+from . import prefetch as prefetch_hints
 from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .schedule import WARP, Phase, Schedule, build_schedule
@@ -88,6 +89,9 @@ class KernelSpec:
     # double backward, 700 kB of unrolled paths, took ~5 s). Phases are independent (disjoint accumulated columns,
     # one grad-y partial each), so the results are bitwise those of one program.
     split_bytes: int = 0
+    # prefetch hints (codegen/prefetch.py): each edge hints the lines of the next edge's weight, y and gathered node
+    # rows into this cache level ("L1" or "L2") while it computes; "" none. Values are unchanged (hints only).
+    prefetch: str = ""
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -102,6 +106,8 @@ class KernelSpec:
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
         if isinstance(self.split_bytes, bool) or not isinstance(self.split_bytes, int) or self.split_bytes < 0:
             raise ValueError(f"split_bytes must be an integer >= 0 (0: one program), got {self.split_bytes!r}")
+        if self.prefetch not in prefetch_hints.LEVELS:
+            raise ValueError(f"prefetch must be one of {prefetch_hints.LEVELS}, got {self.prefetch!r}")
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
@@ -149,7 +155,8 @@ class KernelSpec:
         gze = "_gze" if self.gz_e3nn else ""
         sh = "" if self.harmonics is None else "_sh" + "".join(map(str, self.harmonics.ls)) + (
             ("n" if self.harmonics.normalize else "r") + self.harmonics.normalization[0])
-        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}_"
+        pf = f"_pf{self.prefetch[1]}" if self.prefetch else ""
+        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}_"
                 f"{'f32' if self.dtype == 'float32' else 'f64'}")
 
 
@@ -205,6 +212,13 @@ class GeneratedModule:
         """The whole launch of this module (layout gathers, walk, fixup, ordered sums) as data
         (codegen.steps.walk_sequence): what runtime.sequence.run, the CPU emulator and a C++ launcher execute."""
         return walk_sequence(self, edges_per_warp_rule(self.spec))
+
+
+def prefetch_runs(spec: KernelSpec) -> list[list[prefetch_hints.Run]]:
+    """Per phase, the element ranges of the next edge's rows its prefetch hints cover (whether or not
+    ``spec.prefetch`` is set): what tests check against the rows' widths."""
+    schedule = schedule_for(spec)
+    return [_PhaseEmitter(spec, schedule, n).prefetch_runs() for n in range(len(schedule.phases))]
 
 
 def edges_per_warp_rule(spec: KernelSpec):
@@ -739,6 +753,77 @@ class _PhaseEmitter:
         if write_y:
             _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
 
+    # --- prefetch hints (KernelSpec.prefetch): the element ranges of the next edge's rows this phase reads
+    def _chunk_run(self, row: str, start: int, seg, width: int) -> prefetch_hints.Run:
+        """The elements of channels [chunk) x ``width`` at ``start`` of ``row`` (chunk loops: at c32 * width)."""
+        mul = self.acc_irreps[seg.irrep][0]
+        if not self.spec.chunk_loops:
+            return prefetch_hints.Run(row, start + WARP * seg.chunk * width, seg.lanes * width)
+        lanes = WARP if mul % WARP == 0 else mul % WARP  # within the irrep for every chunk, the partial one too
+        below = mul if mul < WARP * self.blocks else 0  # blocks beyond this irrep's chunks read none of it
+        return prefetch_hints.Run(row, start, lanes * width, "c32" if width == 1 else f"c32 * {width}", below)
+
+    def _node_runs(self, row: str, irreps, offsets, i: int, seg, layout: str) -> list[prefetch_hints.Run]:
+        mul, l, _ = irreps[i]
+        if layout == "mul_ir":
+            return [self._chunk_run(row, offsets[i], seg, 2 * l + 1)]
+        return [self._chunk_run(row, offsets[i] + k * mul, seg, 1) for k in range(2 * l + 1)]
+
+    def prefetch_runs(self) -> list[prefetch_hints.Run]:
+        """What this phase reads of the next edge (``pe``) and of the node row it gathers (``po``): weight rows
+        (not a table's), y rows (not harmonics) and the gathered rows (x by receiver, grad_z by sender). The rows
+        of the accumulated key are left out: consecutive edges share them."""
+        spec, p = self.spec, self.p
+        d = spec.direction
+        y_rows, w_rows, gathered = set(), set(), []
+        for path, chunks in self.work:
+            t = self.terms(path) if spec.double else None
+            if d in ("forward", "backward"):
+                reads_w, reads_ggw, reads_y, reads_ggy = True, False, True, False
+            elif d == "double_forward":
+                reads_w, reads_ggw, reads_y, reads_ggy = t.w, t.ggw, t.a, t.b
+            else:
+                if not (t.a or t.b or t.dy):
+                    continue
+                reads_w, reads_ggw, reads_y, reads_ggy = t.ggx or t.ggy, t.ggw, t.a, t.b
+            y_rows.update(r for r, f in (("y", reads_y), ("ggy", reads_ggy)) if f)
+            mul2 = p.irreps_in2[path.i_in2][0]
+            for c in chunks:
+                _, seg = self.segment(path.i_out if spec.side == "out" else path.i_in1, c)
+                if path.has_weight and not spec.tabulated:
+                    for row, f in (("w", reads_w), ("ggw", reads_ggw)):
+                        if f:
+                            w_rows.add(self._chunk_run(f"{row} + pe * W_NUMEL", path.weight_offset, seg, mul2))
+                if spec.side == "out":  # x (and ggx) of the sender, channel u of the path's input irrep
+                    for row, f in (("x", d == "forward" or t.x), ("ggx", d != "forward" and t.ggx)):
+                        if f:
+                            gathered += self._node_runs(f"{row} + po * D_IN1", p.irreps_in1, p.offsets_in1,
+                                                        path.i_in1, seg, self.layout)
+                else:  # grad_z of the receiver, the path's output irrep
+                    gathered += self._node_runs("gz + po * D_OUT", p.irreps_out, p.offsets_out, path.i_out, seg,
+                                                self.gz_layout)
+        if spec.harmonics is not None:
+            y_rows.discard("y")
+        ys = [prefetch_hints.Run(f"{row} + pe * D_IN2", 0, p.dim_in2) for row in sorted(y_rows)]
+        return sorted(w_rows, key=lambda r: (r.row, r.shift, r.start)) + ys + gathered
+
+    def prefetch_text(self) -> str:
+        """The hints of the next edge of this batch (none for the batch's last: its ids are not loaded yet)."""
+        if not self.spec.prefetch:
+            return ""
+        runs = self.prefetch_runs()
+        L = _Lines(5)
+        prefetch_hints.emit(L, runs, self.spec.dtype, self.spec.prefetch)
+        if not L.lines:
+            return ""
+        head = _Lines(4)
+        with head.block("if (b + 1 < nb)", comment=f"the next edge's rows into {self.spec.prefetch} (hints)"):
+            head("const long long pe = __shfl_sync(FULL_MASK, my_e, b + 1);")
+            if any(" po " in r.row for r in runs):
+                head("const long long po = __shfl_sync(FULL_MASK, my_other, b + 1);")
+            head.lines += L.lines
+        return "\n" + head.text()
+
     def emit(self) -> str:
         spec = self.spec
         accumulate = spec.accumulates
@@ -772,6 +857,7 @@ class _PhaseEmitter:
             order_expr="order[qn]" if ordered else "qn",
             key_expr="my_e" if spec.variant == "tp" else "keys[my_e]",
             other_expr="my_e" if spec.variant == "tp" else "others[my_e]",
+            prefetch=self.prefetch_text(),
             row_change=row_change.text(),
             body=body.text(),
             final_flush=final_flush.text(),
@@ -972,6 +1058,8 @@ def generate(spec: KernelSpec) -> GeneratedModule:
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
     if spec.tabulated:
         prelude += "\n" + tabulated_weights_source(spec.dtype)
+    if spec.prefetch:
+        prelude += "\n" + _template("prefetch.cuh").substitute()
     acc_width = p.dim_out if spec.side == "out" else p.dim_in1
     flush_mode = spec.variant if spec.accumulates else "none (no accumulated rows)"
     named = lambda prefix, flags: ", ".join(prefix + n for n, f in zip("xyw", flags) if f)  # noqa: E731

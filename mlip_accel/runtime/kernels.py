@@ -1,10 +1,10 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
-budget, chunk loops, tabulated, grad_z's columns, harmonics, split) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+budget, chunk loops, tabulated, grad_z's columns, harmonics, split, prefetch hints) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
-from .tuning import budget_for, chunk_loops_enabled, gz_e3nn_enabled, split_bytes
+from .tuning import budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, split_bytes
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -24,10 +24,11 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     budget = budget_for(direction, dtype, problem, loops, tabulated)
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
     split = split_bytes(direction)
+    hints = prefetch_level(direction)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn, harmonics, split)
+           loops, tabulated, gz_e3nn, harmonics, split, hints)
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
-                                                 tabulated, gz_e3nn, harmonics, split))
+                                                 tabulated, gz_e3nn, harmonics, split, hints))
     return gm

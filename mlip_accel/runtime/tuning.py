@@ -140,7 +140,7 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, ta
 # concurrently at first use: NVRTC spends ~5-7 s per MB of unrolled walk on one core (benchmarks/compile_time.md),
 # so the cold compile of a walk is its largest part's instead of the whole's. Measured on H200 hosts (16 cores,
 # NVRTC 13.0; compile_time.md, last section), nequip-benzene's first backward 3.3-4.8 -> 1.6-1.8 s and first double
-# backward 6.8-7.4 -> 1.9-2.4 s; run time in one process (split_ab.py): backward 0.96-1.01x, double backward
+# backward 6.8-7.4 -> 1.9-2.4 s; run time in one process (walk_ab.py --what split): backward 0.96-1.01x, double backward
 # 0.97-1.03x, outputs bitwise equal.
 # The forward is split only above 400 kB: split, nequip-benzene's (278 kB, 2 parts) ran 8-14 % slower (not the grid:
 # more, shorter warps did not help), and its run time matters more than a one-time compile (3 s there).
@@ -189,6 +189,44 @@ def split_walks(limit_bytes: int):
     if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 0:
         raise ValueError(f"limit_bytes must be an integer >= 0, got {limit_bytes!r}")
     return _pushed(_SPLIT_OVERRIDE, limit_bytes)
+
+
+# Prefetch hints in the walks (codegen KernelSpec.prefetch): each edge hints the lines of the next edge's weight, y
+# and gathered node rows into a cache level while it computes (the walks are latency-bound: one edge's loads in
+# flight per warp, benchmarks/cuda_kernel_notes.md). Not measured yet: off by default.
+# $MLIP_ACCEL_PREFETCH: "L1" or "L2" every walk, "0" none (the benchmarks' A/B).
+PREFETCH: dict[str, str] = {}  # direction -> level, for the walks whose hints were measured to pay
+_PREFETCH_OVERRIDE: list[str] = []
+_ENV_PREFETCH_VALUES = {"0": "", "L1": "L1", "L2": "L2"}
+
+
+@functools.lru_cache(maxsize=None)
+def _env_prefetch() -> str | None:
+    """``$MLIP_ACCEL_PREFETCH``, read at the first walk generated."""
+    value = os.environ.get("MLIP_ACCEL_PREFETCH", "").strip()
+    if not value:
+        return None
+    if value.upper() not in _ENV_PREFETCH_VALUES:
+        raise ValueError(f"MLIP_ACCEL_PREFETCH={value!r}: expected L1, L2 or 0 (no hints)")
+    return _ENV_PREFETCH_VALUES[value.upper()]
+
+
+def prefetch_level(direction: str = "backward") -> str:
+    """The cache level of a walk's prefetch hints ("" none): a test or benchmark override, else
+    ``$MLIP_ACCEL_PREFETCH``, else :data:`PREFETCH`."""
+    if _PREFETCH_OVERRIDE:
+        return _PREFETCH_OVERRIDE[-1]
+    env = _env_prefetch()
+    if env is not None:
+        return env
+    return PREFETCH.get(direction, "")
+
+
+def prefetch(level: str):
+    """Generate the walks with prefetch hints into ``level`` ("L1", "L2"; "" none) inside the block."""
+    if level not in ("", "L1", "L2"):
+        raise ValueError(f"prefetch level must be '', 'L1' or 'L2', got {level!r}")
+    return _pushed(_PREFETCH_OVERRIDE, level)
 
 
 @contextlib.contextmanager

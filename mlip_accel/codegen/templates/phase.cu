@@ -16,7 +16,7 @@ ${acc_decl}
       for (int b = 0; b < nb; ++b) {
         const long long e = __shfl_sync(FULL_MASK, my_e, b);
         const long long key = __shfl_sync(FULL_MASK, my_key, b);
-        const long long other = __shfl_sync(FULL_MASK, my_other, b);
+        const long long other = __shfl_sync(FULL_MASK, my_other, b);${prefetch}
 ${row_change}
 ${body}
       }

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Prefetch hints in the convolution walks (issue 15: codegen KernelSpec.prefetch, runtime.tuning.PREFETCH; notes in
+# benchmarks/prefetch_hints.md) on the device machine, from the repository root with .whl/common and .whl/nequip
+# carried, in one call (~5 minutes). Results under $OUT (default ./gpu_check_prefetch_out):
+#   setup.log                GPU, cores, versions
+#   walk_ab_prefetch*.{json,md}  scripts/walk_ab.py --what prefetch: fwd / bwd / double backward without hints, with
+#                            hints into L2 and into L1, alternating in one process, outputs compared bitwise; on
+#                            carbon-1k (AB_PROBLEMS x AB_DTYPES) and carbon-8k (AB8K_PROBLEMS, fp32)
+#   gpu_tests.log            TESTS (default test_prefetch_hints_gpu.py)
+#   ncu_*.txt                NCU=1: Nsight Compute of mace-medium's fp32 backward walk without and with L2 hints
+#   summary.txt              PASSED/FAILED per stage
+# SKIP_AB / SKIP_AB8K / SKIP_TESTS drop those stages; AB_ARGS adds walk_ab.py arguments.
+#
+#   OUT=/path bash scripts/gpu_check_prefetch.sh
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
+gpu_check_start gpu_check_prefetch || exit 1
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  echo "cores: $(nproc)"
+  py_nequip -c "import torch, cupy; from cupy_backends.cuda.libs import nvrtc; \
+print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
+} 2>&1 | tee "$OUT/setup.log"
+
+ab() {  # ab NAME SECONDS ARGS...: one walk_ab.py run, its table printed
+  local name=$1 seconds=$2
+  shift 2
+  mkdir -p "$OUT/$name"
+  timeout "$seconds" bash -c "py_nequip scripts/walk_ab.py --what prefetch $* ${AB_ARGS:-} --out $OUT/$name" \
+    >"$OUT/$name.log" 2>&1
+  stage "$name" $?
+  grep "^|" "$OUT/$name.log"
+}
+[[ -n ${SKIP_AB:-} ]] || ab walk_ab_carbon1k "${AB_TIMEOUT:-200}" --graph carbon-1k \
+  --problems "${AB_PROBLEMS:-mace-medium,mace-large,nequip-benzene}" --dtypes "${AB_DTYPES:-float32,float64}"
+[[ -n ${SKIP_AB8K:-} ]] || ab walk_ab_carbon8k "${AB8K_TIMEOUT:-100}" --graph carbon-8k \
+  --problems "${AB8K_PROBLEMS:-mace-medium}" --dtypes float32 --rounds 3
+
+# shellcheck disable=SC2086  # TESTS: pytest arguments
+[[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip "${TESTS_TIMEOUT:-150}" gpu_tests ${TESTS:-test_prefetch_hints_gpu.py}
+
+[[ -z ${NCU:-} ]] || for level in 0 L2; do
+  report="$OUT/ncu_mace-medium_float32_carbon-1k_prefetch_$level.txt"
+  MLIP_ACCEL_PREFETCH=$level timeout 120 ncu --launch-skip 1 --launch-count 1 -k "regex:mla_conv_det_bac_xyw" \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats \
+    env PYTHONPATH="$MLIP_PYTHONPATH_NEQUIP" MLIP_ACCEL_PREFETCH=$level python3 scripts/kernel_timing.py \
+    --once mace-medium:float32 --graph carbon-1k >"$report" 2>&1
+  stage "ncu backward prefetch=$level" $?
+  grep -E "mla_conv|Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Stall" \
+    "$report" | head -30
+done
+cat "$OUT/summary.txt"
+exit $status

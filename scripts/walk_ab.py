@@ -1,0 +1,168 @@
+"""Run time of the convolution walks under two or more code-generation settings, in one process (issue 15): split
+walks against one program per walk (``--what split``: KernelSpec.split_bytes), or prefetch hints against none
+(``--what prefetch``: KernelSpec.prefetch, levels L2 and L1). For each problem and dtype, on a random graph of
+carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
+list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
+setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
+with the first setting's.
+
+    python3 scripts/walk_ab.py [--what split|prefetch] [--problems nequip-benzene,mace-large]
+                               [--dtypes float32,float64] [--graph random|carbon-1k|carbon-8k] [--rounds 5]
+                               [--limit-kb 200] [--flush] [--forward-epw 40,80] [--out DIR]
+
+Writes walk_ab_<what>.json and walk_ab_<what>.md (medians over rounds of each round's median, ratio to the first
+setting).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from kernel_timing import graph_case, random_case  # this folder: the scripts run as python3 scripts/<name>.py
+from mlip_accel.graph import edge_orders
+from mlip_accel.ops import custom_ops  # noqa: F401
+from mlip_accel.problem import register_problem
+from mlip_accel.runtime import tuning
+from mlip_accel.runtime.kernels import module_for
+from mlip_accel.testing import dtype_of
+from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
+from mlip_accel.testing.timing import L2Flusher, fixed_reps, time_cuda
+
+DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
+CALLS = ("fwd", "bwd", "dbl")
+
+
+def settings(what: str, limit: int) -> dict:
+    """label -> a function returning the context manager of that setting; the first is the baseline."""
+    if what == "split":
+        return {"one": lambda: tuning.split_walks(0), "split": lambda: tuning.split_walks(limit)}
+    return {"none": lambda: tuning.prefetch(""), "L2": lambda: tuning.prefetch("L2"),
+            "L1": lambda: tuning.prefetch("L1")}
+
+
+def describe(problem, dt: str) -> dict:
+    """What the current setting generates per direction: walk programs, and the hint level."""
+    mods = {d: module_for(problem, dt, d, "det") for d in DIRECTIONS}
+    return {d: f"{len(gm.walk_plans)}{'/' + gm.spec.prefetch if gm.spec.prefetch else ''}" for d, gm in mods.items()}
+
+
+def case(problem, dtype, nodes: int, edges: int, graph: str):
+    """kernel_timing's seeded case (random or a named graph), with the double backward's incoming gradients and the
+    two edge orders."""
+    x, y, w, gz, dst, src, g = (random_case(problem, dtype, nodes, edges) if graph == "random" else
+                                graph_case(problem, dtype, graph))
+    return x, y, w, gz, [torch.randn_like(t) for t in (x, y, w)], dst, src, edge_orders(g)
+
+
+def calls(problem, tensors):
+    x, y, w, gz, ggs, dst, src, orders = tensors
+    key, ops = register_problem(problem), torch.ops.mlip_accel
+    return {"fwd": lambda: ops.conv_forward(x, y, w, dst, src, *orders, key, "cuda"),
+            "bwd": lambda: ops.conv_backward(x, y, w, gz, dst, src, *orders, key, "cuda"),
+            "dbl": lambda: ops.conv_double_backward(x, y, w, gz, *ggs, dst, src, *orders, key, "cuda")}
+
+
+def with_epw(fn, epw: int):
+    def call():
+        with tuning.edges_per_warp(epw):
+            return fn()
+    return call
+
+
+def flat(outs) -> list:
+    return [t for o in outs for t in (o if isinstance(o, (tuple, list)) else (o,)) if t is not None]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--what", choices=("split", "prefetch"), default="split")
+    parser.add_argument("--problems", default="nequip-benzene,mace-large")
+    parser.add_argument("--dtypes", default="float32,float64")
+    parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--edges", type=int, default=158000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES["backward"] / 1000,
+                        help="--what split: the split setting's limit")
+    parser.add_argument("--levels", default="", help="--what prefetch: only these settings (e.g. none,L2)")
+    parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
+    parser.add_argument("--forward-epw", default="",
+                        help="also time the forward with these edges per warp (comma list; runtime.tuning.edges_per_warp)")
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    limit = int(args.limit_kb * 1000)
+    chosen = settings(args.what, limit)
+    if args.levels:
+        chosen = {k: v for k, v in chosen.items() if k in args.levels.split(",")}
+    labels = list(chosen)
+    specs = {s["name"]: s for s in bench_problem_specs()}
+    flusher = L2Flusher("cuda", flush=args.flush)
+    rows = []
+    for name in args.problems.split(","):
+        problem = bench_problem(specs[name])
+        for dt in args.dtypes.split(","):
+            dtype = dtype_of(dt)
+            tensors = case(problem, dtype, args.nodes, args.edges, args.graph)
+            fns = calls(problem, tensors)
+            for epw in filter(None, args.forward_epw.split(",")):
+                fns[f"fwd_epw{epw}"] = with_epw(fns["fwd"], int(epw))
+            generated, outputs = {}, {}
+            for label, setting in chosen.items():
+                with setting():
+                    generated[label] = describe(problem, dt)
+                    outputs[label] = flat([fn() for fn in fns.values()])  # compiles; kept to compare
+            same = {label: all(torch.equal(a, b) for a, b in zip(outputs[labels[0]], outputs[label]))
+                    for label in labels[1:]}
+            del outputs
+            times = {(label, k): [] for label in labels for k in fns}
+            for _ in range(args.rounds):
+                for label, setting in chosen.items():
+                    with setting():
+                        for k, fn in fns.items():
+                            times[(label, k)].append(time_cuda(fn, flusher, fixed_reps(args.reps)).median_ms)
+            row = {"problem": name, "dtype": dt, "graph": args.graph, "what": args.what, "settings": labels,
+                   "generated": generated, "bitwise_equal": same, "flush_l2": args.flush}
+            if args.what == "split":
+                row["limit_kB"] = limit / 1000
+            for k in fns:
+                base = statistics.median(times[(labels[0], k)])
+                for label in labels:
+                    ms = statistics.median(times[(label, k)])
+                    row[f"{k}_{label}_ms"], row[f"{k}_{label}_ratio"] = ms, ms / base
+                    row[f"{k}_{label}_spread"] = [round(min(times[(label, k)]), 4), round(max(times[(label, k)]), 4)]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
+    (out / f"walk_ab_{args.what}.json").write_text(json.dumps(meta, indent=1))
+    graph = f"{args.nodes} nodes, {args.edges} edges (random)" if args.graph == "random" else args.graph
+    lines = [f"# Walks: {' / '.join(labels)} ({args.what}; {meta['gpu']}, torch {meta['torch']})", "",
+             f"Median ms of {args.rounds} alternating rounds x {args.reps} calls, {graph}, L2 "
+             f"{'flushed' if args.flush else 'warm'}; ratio = setting / {labels[0]}; generated = walk programs"
+             f"[/hint level] per direction (fwd, bwd, dfw, dbw).", "",
+             "| problem | dtype | setting | generated | " + " | ".join(f"{k} ms (ratio)" for k in CALLS)
+             + " | bitwise |", "|---|---|---|---|" + "---|" * len(CALLS) + "---|"]
+    for r in rows:
+        for label in labels:
+            g = r["generated"][label]
+            lines.append(f"| {r['problem']} | {r['dtype']} | {label} | {','.join(g[d] for d in DIRECTIONS)} | "
+                         + " | ".join(f"{r[f'{k}_{label}_ms']:.3f} ({r[f'{k}_{label}_ratio']:.3f})" for k in CALLS)
+                         + f" | {r['bitwise_equal'].get(label, '-')} |")
+    extra = sorted({k.split("_")[0] + "_" + k.split("_")[1] for r in rows for k in r if k.startswith("fwd_epw")})
+    if extra:
+        lines += ["", "Forward with forced edges per warp (ms per setting):", ""]
+        for r in rows:
+            lines.append(f"- {r['problem']} {r['dtype']}: " + "; ".join(
+                f"{k}: " + " / ".join(f"{r[f'{k}_{label}_ms']:.3f}" for label in labels) for k in extra))
+    (out / f"walk_ab_{args.what}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Prefetch hints in the walks (codegen KernelSpec.prefetch, codegen/prefetch.py, runtime.tuning.prefetch /
+$MLIP_ACCEL_PREFETCH): each edge hints the lines of the next edge's weight, y and gathered node rows. The grouping of
+lines into warp-wide instructions, that every hinted range lies inside its row for every block a walk launches (a
+hint never faults, but a range outside the row would hint other data), that a walk without hints is the source it
+was before, and on the CPU emulator (whose hint reads the addressed byte) results bitwise equal to the walk without
+hints in every direction and variant. The GPU half is test_prefetch_hints_gpu.py."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernel_cases import graph, incoming_gradients, inputs, random_uvu_problem, rel_err
+from mlip_accel import reference
+from mlip_accel.codegen import KernelSpec, generate
+from mlip_accel.codegen import prefetch as hints
+from mlip_accel.codegen.emit import Lines
+from mlip_accel.codegen.tensor_product import chunk_blocks, prefetch_runs, schedule_for
+from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.problem import TPProblem
+from mlip_accel.runtime import backend as cuda
+from mlip_accel.runtime import debug, tuning
+from mlip_accel.runtime.executor import use_executor
+from mlip_accel.runtime.kernels import module_for
+
+DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
+
+
+# --- lines into instructions --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lines,want", [
+    ([], []),
+    ([5], [(5, 1, 1)]),
+    ([3, 0, 1, 2], [(0, 1, 4)]),  # sorted first
+    ([0, 4, 8, 12, 2], [(0, 2, 3), (8, 4, 2)]),  # greedy from the lowest: 0 2 4, then 8 12
+    ([0, 0, 1], [(0, 1, 2)]),  # duplicates once
+])
+def test_line_groups(lines, want):
+    assert hints.line_groups(lines) == want
+
+
+def _emitted(runs, dtype="float32", level="L2"):
+    L = Lines(0)
+    hints.emit(L, runs, dtype, level)
+    return L.lines
+
+
+def test_emit_one_instruction_per_progression():
+    row = "w + pe * W_NUMEL"
+    # 40 contiguous lines: a loop; a strided progression: one predicated hint; a lone line: lane 0
+    assert _emitted([hints.Run(row, 0, 40 * 32)]) == [
+        "for (int j = lane; j < 40; j += 32) prefetch_l2(w + pe * W_NUMEL + j * 32);"]
+    assert _emitted([hints.Run(row, 128 * k, 32, "c32") for k in range(8)], level="L1") == [
+        "if (lane < 8) prefetch_l1(w + pe * W_NUMEL + c32 + lane * 128);"]
+    assert _emitted([hints.Run("y + pe * D_IN2", 0, 16)]) == ["if (lane == 0) prefetch_l2(y + pe * D_IN2);"]
+    # fp64: 16 elements per line; a guarded run (an irrep with fewer chunks than the blocks)
+    assert _emitted([hints.Run(row, 0, 32, "c32", below=64)], "float64") == [
+        "if (c32 < 64 && lane < 2) prefetch_l2(w + pe * W_NUMEL + c32 + lane * 16);"]
+    assert _emitted([hints.Run(row, 0, 64)], level="") == []
+
+
+def test_levels_are_checked():
+    with pytest.raises(ValueError, match="prefetch level"):
+        _emitted([hints.Run("y", 0, 1)], level="L3")
+    with pytest.raises(ValueError, match="prefetch"):
+        KernelSpec(random_uvu_problem(3), "float32", "forward", "det", prefetch="l2")
+    with pytest.raises(ValueError, match="prefetch level"):
+        tuning.prefetch("L3").__enter__()
+
+
+# --- every hinted range inside its row ----------------------------------------------------------------------
+
+def _widths(p: TPProblem) -> dict[str, int]:
+    return {"W_NUMEL": p.weight_numel, "D_IN2": p.dim_in2, "D_IN1": p.dim_in1, "D_OUT": p.dim_out}
+
+
+def _ranges(spec: KernelSpec):
+    """(width of the row, first element, end element) of every hinted run for every block along y the walk
+    launches (chunk loops: every c32 of the phase's blocks, guarded runs only where they apply)."""
+    widths = _widths(spec.problem)
+    blocks = chunk_blocks(spec, schedule_for(spec))
+    for phase, runs in enumerate(prefetch_runs(spec)):
+        for c32 in range(0, 32 * blocks[phase], 32) if spec.chunk_loops else (0,):
+            for run in runs:
+                if run.below and c32 >= run.below:
+                    continue
+                shift = eval(run.shift, {"c32": c32}) if run.shift else 0  # "c32" or "c32 * k"
+                yield widths[run.row.split(" * ")[-1]], run.start + shift, run.start + shift + run.count
+
+
+@pytest.mark.parametrize("seed", [0, 3, 4, 7])
+@pytest.mark.parametrize("loops", [False, True], ids=["unrolled", "loops"])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_hinted_ranges_lie_inside_their_rows(seed, loops, direction):
+    problem = random_uvu_problem(seed)
+    for dtype in ("float32", "float64"):
+        for variant in (("det", "atomic", "tp") if direction in ("forward", "backward") else ("det",)):
+            for budget in (3, 64):
+                spec = KernelSpec(problem, dtype, direction, variant, budget=budget, chunk_loops=loops, prefetch="L2")
+                ranges = list(_ranges(spec))
+                assert ranges, f"{direction} {variant}: no hints"
+                for width, lo, hi in ranges:
+                    assert 0 <= lo < hi <= width, f"{direction} {variant} budget {budget}: [{lo}, {hi}) of {width}"
+
+
+def test_hints_cover_what_the_walk_reads():
+    """A one-phase forward of a problem with 128 channels hints its whole weight row and the sender's whole x row,
+    a by-sender walk the receiver's grad_z row."""
+    problem = random_uvu_problem(3)
+    fwd = KernelSpec(problem, "float32", "forward", "det", budget=10_000, prefetch="L2")
+    (runs,) = prefetch_runs(fwd)
+    covered = lambda row: {i for r in runs if r.row.startswith(row) for i in range(r.start, r.start + r.count)}  # noqa: E731
+    weighted = {i for path in problem.paths if path.has_weight
+                for i in range(path.weight_offset, path.weight_offset + problem.irreps_in1[path.i_in1][0]
+                               * problem.irreps_in2[path.i_in2][0])}
+    assert covered("w ") == weighted
+    used_in1 = {path.i_in1 for path in problem.paths}
+    want_x = {problem.offsets_in1[i] + k for i in used_in1
+              for k in range(problem.irreps_in1[i][0] * (2 * problem.irreps_in1[i][1] + 1))}
+    assert covered("x ") == want_x
+    bwd = KernelSpec(problem, "float32", "backward", "det", budget=10_000, prefetch="L2")
+    (runs,) = prefetch_runs(bwd)
+    assert any(r.row.startswith("gz ") for r in runs) and not any(r.row.startswith("x ") for r in runs)
+
+
+def test_no_hints_no_change_to_the_source():
+    problem = random_uvu_problem(3)
+    for direction in DIRECTIONS:
+        spec = KernelSpec(problem, "float32", direction, "det", budget=4)
+        plain, hinted = generate(spec).source, generate(dataclasses.replace(spec, prefetch="L1")).source
+        assert "prefetch_l" not in plain and "prefetch.global" not in plain
+        assert "prefetch_l1(" in hinted and "prefetch.global.L1" in hinted
+        assert generate(dataclasses.replace(spec, prefetch="L1")).walk_kernel.endswith("_pf1_f32")
+
+
+def test_runtime_modules_follow_the_override():
+    problem = random_uvu_problem(3)
+    assert module_for(problem, "float32", "backward", "det").spec.prefetch == tuning.prefetch_level("backward")
+    with tuning.prefetch("L2"):
+        assert module_for(problem, "float32", "backward", "det").spec.prefetch == "L2"
+    with tuning.prefetch(""):
+        assert module_for(problem, "float32", "backward", "det").spec.prefetch == ""
+
+
+@pytest.mark.parametrize("value,want", [("0", ""), ("L1", "L1"), ("l2", "L2"), ("L3", None), ("yes", None)])
+def test_environment_variable(value, want):
+    code = "from mlip_accel.runtime import tuning; print(repr(tuning.prefetch_level('backward')))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**__import__("os").environ, "MLIP_ACCEL_PREFETCH": value})
+    if want is None:
+        assert proc.returncode != 0 and "MLIP_ACCEL_PREFETCH" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == repr(want)
+
+
+# --- the same numbers on the CPU emulator -------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed,deterministic,loops,level", [(0, True, False, "L2"), (3, True, True, "L1"),
+                                                           (0, False, True, "L2"), (4, False, False, "L1")],
+                         ids=["det-unrolled", "det-loops", "atomic-loops", "atomic-unrolled"])
+def test_hinted_walks_match_unhinted_bitwise(emulator, seed, deterministic, loops, level):
+    problem = random_uvu_problem(seed)
+    dtype = torch.float64
+    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
+    dst, src = graph("hub", 9, 77, seed=seed)
+    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
+    gg = incoming_gradients(x, y, w, (True, True, True), seed)
+
+    def run():
+        return (cuda.conv_forward(problem, x, y, w, dst, src, perm),
+                *cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+                *cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm))
+    with use_executor(emulator), debug.poison(), cuda.chunk_loops(loops), cuda.edges_per_warp(5), \
+            cuda.accumulator_budget(forward=4, backward=3):
+        with tuning.prefetch(""):
+            plain = run()
+        with tuning.prefetch(level):
+            hinted = run()
+            assert module_for(problem, "float64", "backward", "det" if deterministic else "atomic").spec.prefetch \
+                == level
+    for n, (a, b) in enumerate(zip(hinted, plain)):
+        assert (a is None) == (b is None)
+        if a is None:
+            continue
+        if deterministic:
+            assert torch.equal(a, b), f"output {n}: hinted walk differs"
+        else:  # atomics: the order of additions is not reproducible even without hints
+            assert rel_err(a, b) <= 1e-13, f"output {n}: hinted walk differs"
+    assert rel_err(hinted[0], reference.conv_forward(problem, x, y, w, dst, src)) <= 1e-10
+    for a, b in zip(hinted[1:4], reference.conv_backward(problem, x, y, w, gz, dst, src)):
+        assert rel_err(a, b) <= 1e-10
+
+
+def test_hinted_tensor_product_on_the_emulator(emulator):
+    problem = random_uvu_problem(4)
+    x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
+    gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
+    with use_executor(emulator), debug.poison(), cuda.accumulator_budget(forward=4, backward=3):
+        with tuning.prefetch(""):
+            plain = (cuda.tp_forward(problem, x, y, w), *cuda.tp_backward(problem, x, y, w, gz))
+        with tuning.prefetch("L2"):
+            hinted = (cuda.tp_forward(problem, x, y, w), *cuda.tp_backward(problem, x, y, w, gz))
+    for a, b in zip(hinted, plain):
+        assert torch.equal(a, b)
