@@ -34,14 +34,14 @@ ab() {  # ab NAME SECONDS ARGS...: one walk_ab.py run, its table printed
 [[ -n ${SKIP_AB:-} ]] || ab walk_ab_carbon1k "${AB_TIMEOUT:-200}" --graph carbon-1k \
   --problems "${AB_PROBLEMS:-mace-medium,mace-large,nequip-benzene}" --dtypes "${AB_DTYPES:-float32,float64}"
 [[ -n ${SKIP_AB8K:-} ]] || ab walk_ab_carbon8k "${AB8K_TIMEOUT:-100}" --graph carbon-8k \
-  --problems "${AB8K_PROBLEMS:-mace-medium}" --dtypes float32 --rounds 3
+  --problems "${AB8K_PROBLEMS:-mace-medium}" --dtypes "${AB8K_DTYPES:-float32}" --rounds 3
 
 # shellcheck disable=SC2086  # TESTS: pytest arguments
 [[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip "${TESTS_TIMEOUT:-150}" gpu_tests ${TESTS:-test_prefetch_hints_gpu.py}
 
 [[ -z ${NCU:-} ]] || for level in 0 L2; do
   report="$OUT/ncu_mace-medium_float32_carbon-1k_prefetch_$level.txt"
-  MLIP_ACCEL_PREFETCH=$level timeout 120 ncu --launch-skip 1 --launch-count 1 -k "regex:mla_conv_det_bac_xyw" \
+  MLIP_ACCEL_PREFETCH=$level timeout 120 ncu --launch-skip 1 --launch-count 1 -k "regex:mla_conv_det_bac_xyw(_pf2)?_f32$" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
     --section WarpStateStats --section SchedulerStats \
     env PYTHONPATH="$MLIP_PYTHONPATH_NEQUIP" MLIP_ACCEL_PREFETCH=$level python3 scripts/kernel_timing.py \

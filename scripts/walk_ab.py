@@ -41,7 +41,10 @@ def settings(what: str, limit: int) -> dict:
     if what == "split":
         return {"one": lambda: tuning.split_walks(0), "split": lambda: tuning.split_walks(limit)}
     return {"none": lambda: tuning.prefetch(""), "L2": lambda: tuning.prefetch("L2"),
-            "L1": lambda: tuning.prefetch("L1")}
+            "L1": lambda: tuning.prefetch("L1"),
+            # one walk of the double backward hinted: which of the two pays
+            "L2-dfw": lambda: tuning.prefetch("L2", ("forward", "backward", "double_forward")),
+            "L2-dbw": lambda: tuning.prefetch("L2", ("forward", "backward", "double_backward"))}
 
 
 def describe(problem, dt: str) -> dict:
@@ -89,7 +92,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES["backward"] / 1000,
                         help="--what split: the split setting's limit")
-    parser.add_argument("--levels", default="", help="--what prefetch: only these settings (e.g. none,L2)")
+    parser.add_argument("--levels", default="", help="--what prefetch: only these settings (none, L2, L1, L2-dfw: the "
+                        "double backward's walk by receiver only, L2-dbw: by sender only; default all)")
     parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
     parser.add_argument("--forward-epw", default="",
                         help="also time the forward with these edges per warp (comma list; runtime.tuning.edges_per_warp)")

@@ -33,10 +33,11 @@ DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 
 @pytest.mark.parametrize("lines,want", [
     ([], []),
-    ([5], [(5, 1, 1)]),
-    ([3, 0, 1, 2], [(0, 1, 4)]),  # sorted first
-    ([0, 4, 8, 12, 2], [(0, 2, 3), (8, 4, 2)]),  # greedy from the lowest: 0 2 4, then 8 12
-    ([0, 0, 1], [(0, 1, 2)]),  # duplicates once
+    ([5], [(5, 1, 1, 1)]),
+    ([3, 0, 1, 2], [(0, 4, 4, 1)]),  # sorted first: one contiguous run
+    ([0, 4, 8, 12, 2], [(0, 1, 2, 3), (8, 1, 4, 2)]),  # greedy from the lowest: 0 2 4, then 8 12
+    ([0, 0, 1], [(0, 2, 2, 1)]),  # duplicates once
+    ([0, 1, 8, 9, 16, 17, 30], [(0, 2, 8, 3), (30, 1, 1, 1)]),  # fp64 chunks: two lines per path
 ])
 def test_line_groups(lines, want):
     assert hints.line_groups(lines) == want
@@ -59,7 +60,45 @@ def test_emit_one_instruction_per_progression():
     # fp64: 16 elements per line; a guarded run (an irrep with fewer chunks than the blocks)
     assert _emitted([hints.Run(row, 0, 32, "c32", below=64)], "float64") == [
         "if (c32 < 64 && lane < 2) prefetch_l2(w + pe * W_NUMEL + c32 + lane * 16);"]
+    # fp64 chunk loops: two lines per path at a stride of 128 elements, 17 paths: 34 lines in one loop
+    assert _emitted([hints.Run(row, 128 * k, 32, "c32") for k in range(17)], "float64") == [
+        "for (int j = lane; j < 34; j += 32) prefetch_l2(w + pe * W_NUMEL + c32 + ((j / 2) * 8 + j % 2) * 16);"]
     assert _emitted([hints.Run(row, 0, 64)], level="") == []
+
+
+def _hinted_lines(code: list[str], per_line: int) -> set[int]:
+    """The line indices the emitted hints touch, evaluated back from the C (``at + offset(lane or j)``)."""
+    import re
+
+    lines = set()
+    for text in code:
+        m = re.fullmatch(r"(?:if \(lane (<|==) (\d+)\)|for \(int j = lane; j < (\d+); j \+= 32\)) "
+                         r"prefetch_l2\(r(?: \+ (\d+))?(?: \+ (.*))?\);", text)
+        assert m, text
+        n = 1 if m.group(1) == "==" else int(m.group(2) or m.group(3))
+        base, expr = int(m.group(4) or 0), m.group(5) or "0"
+        for k in range(n):
+            offset = base + eval(expr.replace("/", "//"), {"lane": k, "j": k})
+            assert offset % per_line == 0, text
+            lines.add(offset // per_line)
+    return lines
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_emitted_hints_touch_exactly_the_lines(seed):
+    """Random line sets (runs, strided runs, singles) come back exactly from the emitted instructions."""
+    import random
+
+    rng = random.Random(seed)
+    want: set[int] = set()
+    for _ in range(rng.randint(1, 6)):
+        start, run, stride, count = rng.randint(0, 300), rng.randint(1, 4), rng.randint(5, 12), rng.randint(1, 20)
+        want.update(start + stride * c + i for c in range(count) for i in range(run))
+    for dtype, per_line in (("float32", 32), ("float64", 16)):
+        runs = [hints.Run("r", line * per_line, per_line) for line in sorted(want)]
+        code = _emitted(runs, dtype)
+        assert _hinted_lines(code, per_line) == want
+        assert len(code) <= len(hints.line_groups(sorted(want)))
 
 
 def test_levels_are_checked():
@@ -143,6 +182,9 @@ def test_runtime_modules_follow_the_override():
         assert module_for(problem, "float32", "backward", "det").spec.prefetch == "L2"
     with tuning.prefetch(""):
         assert module_for(problem, "float32", "backward", "det").spec.prefetch == ""
+    with tuning.prefetch("L1", ("double_forward",)):  # the directions left out: no hints
+        assert module_for(problem, "float32", "double_forward", "det").spec.prefetch == "L1"
+        assert module_for(problem, "float32", "double_backward", "det").spec.prefetch == ""
 
 
 @pytest.mark.parametrize("value,want", [("0", ""), ("L1", "L1"), ("l2", "L2"), ("L3", None), ("yes", None)])

@@ -4,8 +4,8 @@ their lines in L2 (or L1) instead of waiting on device memory.
 
 Plain data in, source lines out. A phase lists the element ranges it reads of each row (:class:`Run`); they are
 turned into the 128-byte lines they cover, and the lines of one row into as few warp-wide prefetch instructions
-as possible: lines in arithmetic progression (a contiguous row, or one line per path at a fixed stride) take one
-instruction per 32 lines, each lane hinting one line. A hint never faults and never changes a result: a wrong
+as possible: runs of equal length at a fixed stride (a contiguous row; one or two lines per path at a fixed stride
+with chunk loops) take one instruction per 32 lines, each lane hinting one line. A hint never faults and never changes a result: a wrong
 address would only cost bandwidth, but every address emitted lies inside the range a phase reads.
 """
 from __future__ import annotations
@@ -28,19 +28,30 @@ class Run:
     below: int = 0  # chunk loops: only where c32 < below (an irrep with fewer chunks than the phase's blocks); 0 always
 
 
-def line_groups(lines: list[int]) -> list[tuple[int, int, int]]:
-    """Sorted distinct line indices as (first, stride, count) arithmetic progressions, greedily from the lowest."""
+def line_groups(lines: list[int]) -> list[tuple[int, int, int, int]]:
+    """Distinct line indices as ``(first, run, stride, count)``: ``count`` runs of ``run`` consecutive lines whose
+    starts step by ``stride`` (a contiguous range is one run; one line per path at a fixed stride is runs of 1; fp64
+    chunks of two lines per path are runs of 2), grouped greedily from the lowest line."""
     lines = sorted(set(lines))
+    runs: list[list[int]] = []  # [start, length] of maximal consecutive ranges
+    for line in lines:
+        if runs and runs[-1][0] + runs[-1][1] == line:
+            runs[-1][1] += 1
+        else:
+            runs.append([line, 1])
     groups, i = [], 0
-    while i < len(lines):
-        if i + 1 == len(lines):
-            groups.append((lines[i], 1, 1))
-            break
-        stride, j = lines[i + 1] - lines[i], i + 1
-        while j + 1 < len(lines) and lines[j + 1] - lines[j] == stride:
-            j += 1
-        groups.append((lines[i], stride, j - i + 1))
-        i = j + 1
+    while i < len(runs):
+        start, length = runs[i]
+        j = i + 1
+        if j < len(runs) and runs[j][1] == length:
+            stride = runs[j][0] - start
+            while j + 1 < len(runs) and runs[j + 1][1] == length and runs[j + 1][0] - runs[j][0] == stride:
+                j += 1
+            groups.append((start, length, stride, j - i + 1))
+            i = j + 1
+        else:
+            groups.append((start, length, length, 1))
+            i = j
     return groups
 
 
@@ -62,12 +73,19 @@ def emit(L: Lines, runs: list[Run], dtype: str, level: str) -> None:
     for (row, shift, below), lines in by_row.items():
         base = f"{row}{' + ' + shift if shift else ''}"
         when = f"c32 < {below} && " if below else ""
-        for first, stride, count in line_groups(lines):
+        for first, run, stride, count in line_groups(lines):
             at = f"{base} + {first * per_line}" if first else base
-            step = stride * per_line
-            if count == 1:
+            total = run * count  # lines: one lane each
+
+            def line(j: str) -> str:  # the j-th line's element offset from ``at``
+                if count == 1 or run == stride:  # contiguous
+                    return f"{j} * {per_line}"
+                if run == 1:
+                    return f"{j} * {stride * per_line}"
+                return f"(({j} / {run}) * {stride} + {j} % {run}) * {per_line}"
+            if total == 1:
                 L(f"if ({when}lane == 0) {fn}({at});")
-            elif count <= 32:
-                L(f"if ({when}lane < {count}) {fn}({at} + lane * {step});")
+            elif total <= 32:
+                L(f"if ({when}lane < {total}) {fn}({at} + {line('lane')});")
             else:
-                L(f"for (int j = lane; {when}j < {count}; j += 32) {fn}({at} + j * {step});")
+                L(f"for (int j = lane; {when}j < {total}; j += 32) {fn}({at} + {line('j')});")

@@ -196,7 +196,7 @@ def split_walks(limit_bytes: int):
 # flight per warp, benchmarks/cuda_kernel_notes.md). Not measured yet: off by default.
 # $MLIP_ACCEL_PREFETCH: "L1" or "L2" every walk, "0" none (the benchmarks' A/B).
 PREFETCH: dict[str, str] = {}  # direction -> level, for the walks whose hints were measured to pay
-_PREFETCH_OVERRIDE: list[str] = []
+_PREFETCH_OVERRIDE: list[dict[str, str]] = []  # direction -> level; directions left out: none
 _ENV_PREFETCH_VALUES = {"0": "", "L1": "L1", "L2": "L2"}
 
 
@@ -215,18 +215,19 @@ def prefetch_level(direction: str = "backward") -> str:
     """The cache level of a walk's prefetch hints ("" none): a test or benchmark override, else
     ``$MLIP_ACCEL_PREFETCH``, else :data:`PREFETCH`."""
     if _PREFETCH_OVERRIDE:
-        return _PREFETCH_OVERRIDE[-1]
+        return _PREFETCH_OVERRIDE[-1].get(direction, "")
     env = _env_prefetch()
     if env is not None:
         return env
     return PREFETCH.get(direction, "")
 
 
-def prefetch(level: str):
-    """Generate the walks with prefetch hints into ``level`` ("L1", "L2"; "" none) inside the block."""
+def prefetch(level: str, directions=("forward", "backward", "double_forward", "double_backward")):
+    """Generate the walks of ``directions`` with prefetch hints into ``level`` ("L1", "L2"; "" none), every other
+    walk without, inside the block."""
     if level not in ("", "L1", "L2"):
         raise ValueError(f"prefetch level must be '', 'L1' or 'L2', got {level!r}")
-    return _pushed(_PREFETCH_OVERRIDE, level)
+    return _pushed(_PREFETCH_OVERRIDE, {d: level for d in directions})
 
 
 @contextlib.contextmanager
