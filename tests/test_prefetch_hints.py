@@ -177,7 +177,7 @@ def test_no_hints_no_change_to_the_source():
 
 def test_runtime_modules_follow_the_override():
     problem = random_uvu_problem(3)
-    assert module_for(problem, "float32", "backward", "det").spec.prefetch == tuning.prefetch_level("backward")
+    assert module_for(problem, "float32", "backward", "det").spec.prefetch == tuning.prefetch_level("backward", problem)
     with tuning.prefetch("L2"):
         assert module_for(problem, "float32", "backward", "det").spec.prefetch == "L2"
     with tuning.prefetch(""):
@@ -185,6 +185,29 @@ def test_runtime_modules_follow_the_override():
     with tuning.prefetch("L1", ("double_forward",)):  # the directions left out: no hints
         assert module_for(problem, "float32", "double_forward", "det").spec.prefetch == "L1"
         assert module_for(problem, "float32", "double_backward", "det").spec.prefetch == ""
+
+
+def test_default_rule_hints_the_wide_problems_deterministic_walks():
+    """MACE's problems (every input irrep >= 128 channels) get L2 hints in all four deterministic walks; NequIP's
+    (64 channels: measured no gain), the tabulated and harmonics walks, the batched TP and the atomic variant none."""
+    from kernel_cases import bench_problem, bench_problem_specs
+
+    specs = {s["name"]: s for s in bench_problem_specs()}
+    if not {"mace-medium", "mace-large", "nequip-benzene"} <= set(specs):
+        pytest.skip("problems.json lacks a MACE or the NequIP problem")
+    if tuning._env_prefetch() is not None:
+        pytest.skip("MLIP_ACCEL_PREFETCH is set: not the default rule")
+    for name in ("mace-medium", "mace-large"):
+        problem = bench_problem(specs[name])
+        for dtype in ("float32", "float64"):
+            for direction in DIRECTIONS:
+                assert module_for(problem, dtype, direction, "det").spec.prefetch == "L2", (name, dtype, direction)
+        assert module_for(problem, "float32", "forward", "atomic").spec.prefetch == ""
+        assert module_for(problem, "float32", "forward", "tp").spec.prefetch == ""
+        assert module_for(problem, "float32", "backward", "det", tabulated=True).spec.prefetch == ""
+    benzene = bench_problem(specs["nequip-benzene"])
+    for direction in DIRECTIONS:
+        assert module_for(benzene, "float32", direction, "det").spec.prefetch == ""
 
 
 @pytest.mark.parametrize("value,want", [("0", ""), ("L1", "L1"), ("l2", "L2"), ("L3", None), ("yes", None)])

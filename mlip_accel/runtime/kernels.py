@@ -24,7 +24,7 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     budget = budget_for(direction, dtype, problem, loops, tabulated)
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
     split = split_bytes(direction)
-    hints = prefetch_level(direction)
+    hints = prefetch_level(direction, problem, variant, tabulated, harmonics is not None)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops, tabulated, gz_e3nn, harmonics, split, hints)
     gm = _MODULES.get(key)
