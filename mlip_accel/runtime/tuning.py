@@ -203,8 +203,9 @@ def split_walks(limit_bytes: int):
 # backward 0.75-0.95x the time without, the fused double backward 0.87-1.05x (median 0.94; mace-large fp64 +1-5 %);
 # Nsight Compute (mace-medium backward): cycles with no eligible warp 40 -> 29 %, L2 throughput 52 -> 75 %. The
 # NequIP problems (64 channels, many short paths in many phases) gained nothing (0.98-1.07x): no hints there. The
-# walks that read a radial table or evaluate the harmonics, the batched tensor product and the atomic variant were
-# not measured: no hints. L1 hints did the same as L2 (call 1).
+# walks that read a radial table (and evaluate the harmonics) slowed the 8000-atom ASE call by 4-7 % with hints
+# (their weights come from a table that stays cached): none. The batched tensor product and the atomic variant were
+# not measured: none. L1 hints did the same as L2.
 # $MLIP_ACCEL_PREFETCH: "L1" or "L2" every walk, "0" none (the benchmarks' A/B).
 PREFETCH = {"forward": "L2", "backward": "L2", "double_forward": "L2", "double_backward": "L2"}
 PREFETCH_MIN_CHANNELS = 128
