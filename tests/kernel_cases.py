@@ -1,5 +1,7 @@
 """The kernel tests' problems, graphs and inputs: they live in :mod:`mlip_accel.testing.conv_cases` (the device
 scripts use them too); this module keeps the tests' imports short."""
+import torch
+
 from mlip_accel.testing.conv_cases import (  # noqa: F401
     bench_problem, bench_problem_specs, channelwise, double_backward_reference, graph, incoming_gradients, inputs,
     problems_json, random_uvu_problem)
@@ -13,3 +15,38 @@ GRAPH_SHAPES = [
     ("random", 10, 1),  # a single edge
     ("random", 10, 0),  # no edges
 ]
+
+
+def conv_all_directions(problem, nodes: int, edges: int, dtype, kind: str, seed: int, device="cpu",
+                        deterministic: bool = True):
+    """Seeded inputs on a ``kind`` graph (:func:`graph`) and ``run()``: the convolution's forward, backward and fused
+    double backward (all three incoming gradients) through the CUDA backend, deterministic (edges sorted) or atomic,
+    their outputs flat: (out, grad x, grad y, grad w, then the double backward's four). Returns (run, tensors), tensors
+    = (x, y, w, gz, gg, dst, src) for the references."""
+    from mlip_accel.graph import edge_orders, sort_edges
+    from mlip_accel.runtime import backend as cuda
+
+    x, y, w, gz = inputs(problem, nodes, edges, dtype, device, seed=seed)
+    dst, src = graph(kind, nodes, edges, seed=seed, device=device)
+    perm, tperm = edge_orders(sort_edges(dst, src, nodes) if deterministic else None)
+    gg = incoming_gradients(x, y, w, (True, True, True), seed)
+
+    def run():
+        return (cuda.conv_forward(problem, x, y, w, dst, src, perm),
+                *cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+                *cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm))
+    return run, (x, y, w, gz, gg, dst, src)
+
+
+def assert_same_outputs(a, b, what: str, exact: bool = True) -> None:
+    """Two runs' outputs (tuples, None where absent) equal: bitwise, or (``exact`` False: atomics, whose order of
+    additions is not reproducible from run to run) to rounding."""
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    assert len(a) == len(b), what
+    for n, (u, v) in enumerate(zip(a, b)):
+        assert (u is None) == (v is None), f"{what} output {n}: present in one run only"
+        if u is not None and exact:
+            assert torch.equal(u, v), f"{what} output {n}: not bitwise equal"
+        elif u is not None:
+            assert rel_err(u, v) <= 1e-13, f"{what} output {n}: {rel_err(u, v):.3g}"

@@ -13,13 +13,12 @@ import sys
 import pytest
 import torch
 
-from kernel_cases import graph, incoming_gradients, inputs, random_uvu_problem, rel_err
+from kernel_cases import assert_same_outputs, conv_all_directions, inputs, random_uvu_problem, rel_err
 from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.codegen import prefetch as hints
 from mlip_accel.codegen.emit import Lines
 from mlip_accel.codegen.tensor_product import chunk_blocks, prefetch_runs, schedule_for
-from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.problem import TPProblem
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug, tuning
@@ -229,16 +228,8 @@ def test_environment_variable(value, want):
                          ids=["det-unrolled", "det-loops", "atomic-loops", "atomic-unrolled"])
 def test_hinted_walks_match_unhinted_bitwise(emulator, seed, deterministic, loops, level):
     problem = random_uvu_problem(seed)
-    dtype = torch.float64
-    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
-    dst, src = graph("hub", 9, 77, seed=seed)
-    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
-    gg = incoming_gradients(x, y, w, (True, True, True), seed)
-
-    def run():
-        return (cuda.conv_forward(problem, x, y, w, dst, src, perm),
-                *cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
-                *cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm))
+    run, (x, y, w, gz, gg, dst, src) = conv_all_directions(problem, 9, 77, torch.float64, "hub", seed,
+                                                           deterministic=deterministic)
     with use_executor(emulator), debug.poison(), cuda.chunk_loops(loops), cuda.edges_per_warp(5), \
             cuda.accumulator_budget(forward=4, backward=3):
         with tuning.prefetch(""):
@@ -247,14 +238,7 @@ def test_hinted_walks_match_unhinted_bitwise(emulator, seed, deterministic, loop
             hinted = run()
             assert module_for(problem, "float64", "backward", "det" if deterministic else "atomic").spec.prefetch \
                 == level
-    for n, (a, b) in enumerate(zip(hinted, plain)):
-        assert (a is None) == (b is None)
-        if a is None:
-            continue
-        if deterministic:
-            assert torch.equal(a, b), f"output {n}: hinted walk differs"
-        else:  # atomics: the order of additions is not reproducible even without hints
-            assert rel_err(a, b) <= 1e-13, f"output {n}: hinted walk differs"
+    assert_same_outputs(hinted, plain, "hinted walk against unhinted", exact=deterministic)
     assert rel_err(hinted[0], reference.conv_forward(problem, x, y, w, dst, src)) <= 1e-10
     for a, b in zip(hinted[1:4], reference.conv_backward(problem, x, y, w, gz, dst, src)):
         assert rel_err(a, b) <= 1e-10
@@ -269,5 +253,4 @@ def test_hinted_tensor_product_on_the_emulator(emulator):
             plain = (cuda.tp_forward(problem, x, y, w), *cuda.tp_backward(problem, x, y, w, gz))
         with tuning.prefetch("L2"):
             hinted = (cuda.tp_forward(problem, x, y, w), *cuda.tp_backward(problem, x, y, w, gz))
-    for a, b in zip(hinted, plain):
-        assert torch.equal(a, b)
+    assert_same_outputs(hinted, plain, "hinted tensor product against unhinted")

@@ -6,23 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_cases import (TOL, bench_problem, bench_problem_specs, double_backward_reference, graph,
-                          incoming_gradients, inputs, rel_err)
-from mlip_accel.graph import sort_edges
-from mlip_accel.runtime import backend as cuda
+from kernel_cases import (TOL, assert_same_outputs, bench_problem, bench_problem_specs, conv_all_directions,
+                          double_backward_reference, rel_err)
 from mlip_accel.runtime import debug, tuning
 from mlip_accel.runtime.kernels import module_for
 
 pytestmark = pytest.mark.gpu
-DEV = "cuda"
 NAMES = [s["name"] for s in bench_problem_specs()]
-
-
-def _run(problem, tensors, g):
-    x, y, w, gz, gg, dst, src = tensors
-    return (cuda.conv_forward(problem, x, y, w, dst, src, g.perm),
-            *cuda.conv_backward(problem, x, y, w, gz, dst, src, g.transpose_perm),
-            *cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, g.perm, g.transpose_perm))
 
 
 @pytest.mark.parametrize("level", ["L1", "L2"])
@@ -30,22 +20,14 @@ def _run(problem, tensors, g):
 @pytest.mark.parametrize("name", NAMES)
 def test_hinted_walks_equal_unhinted_and_the_reference(name, dtype, level):
     problem = bench_problem(next(s for s in bench_problem_specs() if s["name"] == name))
-    nodes, edges = 300, 5000
-    x, y, w, gz = inputs(problem, nodes, edges, dtype, DEV, seed=11)
-    dst, src = graph("isolated", nodes, edges, seed=11, device=DEV)
-    g = sort_edges(dst, src, nodes)
-    gg = incoming_gradients(x, y, w, (True, True, True), 11)
-    tensors = (x, y, w, gz, gg, dst, src)
+    run, (x, y, w, gz, gg, dst, src) = conv_all_directions(problem, 300, 5000, dtype, "isolated", 11, "cuda")
     with debug.poison():
         with tuning.prefetch(""):
-            plain = _run(problem, tensors, g)
+            plain = run()
         with tuning.prefetch(level):
-            hinted = _run(problem, tensors, g)
+            hinted = run()
             assert module_for(problem, str(dtype).split(".")[1], "backward", "det").spec.prefetch == level
-    for n, (a, b) in enumerate(zip(hinted, plain)):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.equal(a, b), f"{name} output {n}: hinted walk differs from the unhinted one"
+    assert_same_outputs(hinted, plain, f"{name} hinted against unhinted")
     want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
     for a, b in zip(hinted[4:], want):
         assert rel_err(a, b) <= TOL[dtype], f"{name}: double backward {rel_err(a, b):.3g} > {TOL[dtype]:g}"

@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 
-from kernel_cases import double_backward_reference, graph, incoming_gradients, inputs, random_uvu_problem, rel_err
+from kernel_cases import (assert_same_outputs, conv_all_directions, double_backward_reference, inputs,
+                          random_uvu_problem, rel_err)
 from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.codegen.sequence import LaunchSequence
 from mlip_accel.codegen.tensor_product import split_parts
-from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.runtime import backend as cuda
 from mlip_accel.runtime import debug, tuning
 from mlip_accel.runtime.executor import use_executor
@@ -137,34 +137,13 @@ def test_default_rule_splits_the_large_gradient_walks():
 
 # --- the same numbers on the CPU emulator -------------------------------------------------------------------
 
-def _bitwise(a, b, what, exact=True):
-    """Split equals one program: bitwise, or (``exact`` False: atomics, whose order is not reproducible even in
-    one program) to rounding."""
-    a = a if isinstance(a, tuple) else (a,)
-    b = b if isinstance(b, tuple) else (b,)
-    for n, (u, v) in enumerate(zip(a, b)):
-        assert (u is None) == (v is None), what
-        if u is not None and exact:
-            assert torch.equal(u, v), f"{what} output {n}: split differs from one program"
-        elif u is not None:
-            assert rel_err(u, v) <= 1e-13, f"{what} output {n}: split differs from one program"
-
-
 @pytest.mark.parametrize("seed,deterministic,loops", [(0, True, False), (3, True, True), (0, False, True),
                                                      (3, False, False)],
                          ids=["det-unrolled", "det-loops", "atomic-loops", "atomic-unrolled"])
 def test_split_walks_match_one_program_bitwise(emulator, seed, deterministic, loops):
     problem = random_uvu_problem(seed)
-    dtype = torch.float64
-    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
-    dst, src = graph("hub", 9, 77, seed=seed)
-    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
-    gg = incoming_gradients(x, y, w, (True, True, True), seed)
-
-    def run():
-        return (cuda.conv_forward(problem, x, y, w, dst, src, perm),
-                cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
-                cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm))
+    run, (x, y, w, gz, gg, dst, src) = conv_all_directions(problem, 9, 77, torch.float64, "hub", seed,
+                                                           deterministic=deterministic)
     with use_executor(emulator), debug.poison(), cuda.chunk_loops(loops), cuda.edges_per_warp(5), \
             cuda.accumulator_budget(forward=4, backward=3):
         with tuning.split_walks(0):
@@ -174,13 +153,12 @@ def test_split_walks_match_one_program_bitwise(emulator, seed, deterministic, lo
             modules = [module_for(problem, "float64", d, "det" if deterministic else "atomic")
                        for d in ("forward", "backward", "double_forward", "double_backward")]
     assert all(gm.split for gm in modules if gm.num_phases > 1) and any(gm.split for gm in modules)
-    for what, a, b in zip(("forward", "backward", "double backward"), split, whole):
-        _bitwise(a, b, what, exact=deterministic)
+    assert_same_outputs(split, whole, "split walk against one program", exact=deterministic)
     # and right, not merely equal
     assert rel_err(split[0], reference.conv_forward(problem, x, y, w, dst, src)) <= 1e-10
-    for a, b in zip(split[1], reference.conv_backward(problem, x, y, w, gz, dst, src)):
+    for a, b in zip(split[1:4], reference.conv_backward(problem, x, y, w, gz, dst, src)):
         assert rel_err(a, b) <= 1e-10
-    for a, b in zip(split[2], double_backward_reference(problem, x, y, w, gz, gg, dst, src)):
+    for a, b in zip(split[4:], double_backward_reference(problem, x, y, w, gz, gg, dst, src)):
         assert (a is None) == (b is None) and (a is None or rel_err(a, b) <= 1e-10)
 
 
@@ -194,5 +172,5 @@ def test_split_tensor_product_and_float32(emulator):
         with tuning.split_walks(1):
             split = (cuda.tp_forward(problem, x, y, w), cuda.tp_backward(problem, x, y, w, gz))
             assert module_for(problem, "float32", "forward", "tp").split
-    _bitwise(split[0], whole[0], "tp forward")
-    _bitwise(split[1], whole[1], "tp backward")
+    assert_same_outputs(split[0], whole[0], "tp forward")
+    assert_same_outputs(split[1], whole[1], "tp backward")
