@@ -144,6 +144,21 @@ def test_hinted_ranges_lie_inside_their_rows(seed, loops, direction):
                     assert 0 <= lo < hi <= width, f"{direction} {variant} budget {budget}: [{lo}, {hi}) of {width}"
 
 
+@pytest.mark.parametrize("seed", [0, 3])
+def test_tabulated_walks_hint_no_weights_and_stay_inside_their_rows(seed):
+    """A walk that reads its weights from a radial table hints none of W (there is none), and its gathered rows, also
+    grad_z in e3nn's columns (KernelSpec.gz_e3nn), inside their rows."""
+    problem = random_uvu_problem(seed)
+    for direction, gz_e3nn in (("forward", False), ("backward", False), ("backward", True)):
+        for loops in (False, True):
+            spec = KernelSpec(problem, "float32", direction, "det", budget=3, chunk_loops=loops, tabulated=True,
+                              gz_e3nn=gz_e3nn, prefetch="L2")
+            runs = [r for phase in prefetch_runs(spec) for r in phase]
+            assert runs and not any(r.row.startswith(("w ", "ggw ")) for r in runs)
+            for width, lo, hi in _ranges(spec):
+                assert 0 <= lo < hi <= width, f"{direction} gz_e3nn={gz_e3nn}: [{lo}, {hi}) of {width}"
+
+
 def test_hints_cover_what_the_walk_reads():
     """A one-phase forward of a problem with 128 channels hints its whole weight row and the sender's whole x row,
     a by-sender walk the receiver's grad_z row."""
