@@ -4,14 +4,18 @@ layouts, the fixup's per-warp rows, per-phase partials) at a graph's size. Issue
 at most the best peer's; what a walk holds beside its outputs is what it can give back.
 
     python3 scripts/sequence_scratch.py [--nodes 1000] [--edges 158000] [--problems mace-large,...]
-                                        [--dtypes float32] [--out FILE.md]
+                                        [--dtypes float32] [--gz-e3nn] [--out FILE.md]
+
+``--gz-e3nn``: the walks by sender read grad_z in e3nn's columns (runtime.tuning.gz_e3nn(untabulated=True)).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 
 from mlip_accel.codegen.sequence import evaluate
+from mlip_accel.runtime import tuning
 from mlip_accel.runtime.kernels import module_for
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
 
@@ -29,17 +33,19 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=158000)
     parser.add_argument("--problems", default="mace-large,mace-medium,nequip-benzene")
     parser.add_argument("--dtypes", default="float32")
+    parser.add_argument("--gz-e3nn", action="store_true", help="walks by sender read grad_z in e3nn's columns")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     specs = {s["name"]: s for s in bench_problem_specs()}
     lines = [f"Scratch of the deterministic convolution's launch sequences at {args.nodes} nodes, {args.edges} edges "
-             "(MiB; from `scripts/sequence_scratch.py`)", "",
+             f"(MiB; from `scripts/sequence_scratch.py`{' --gz-e3nn' if args.gz_e3nn else ''})", "",
              "| problem | dtype | direction | outputs MiB | scratch MiB | scratch buffers |", "|---|---|---|---|---|---|"]
     for name in args.problems.split(","):
         problem = bench_problem(specs[name])
         for dtype in args.dtypes.split(","):
             for direction in DIRECTIONS:
-                seq = module_for(problem, dtype, direction, "det").sequence
+                with tuning.gz_e3nn(True, untabulated=True) if args.gz_e3nn else contextlib.nullcontext():
+                    seq = module_for(problem, dtype, direction, "det").sequence
                 scalars = {"num_edges": args.edges, "nodes": args.nodes}
                 for s in seq.scalars:
                     if s.rule is not None:

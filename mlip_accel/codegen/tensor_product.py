@@ -76,8 +76,8 @@ class KernelSpec:
     # walk locates each edge's interval and evaluates the cubic of each weight it uses; the backward turns
     # grad W into the lengths' gradient (need[2] then means the lengths). Forward and backward only.
     tabulated: bool = False
-    # the backward walk reads grad_z in e3nn's (mul, 2l+1) columns instead of a gathered (2l+1, mul) copy: no
-    # node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the rows stay in L1)
+    # the walk by sender (backward, double_backward) reads grad_z in e3nn's (mul, 2l+1) columns instead of a gathered
+    # (2l+1, mul) copy: no node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the rows stay in L1)
     gz_e3nn: bool = False
     # y is not read: the walk evaluates the harmonics of each edge's vector (``vectors`` [num_edges, 3]) itself, and
     # the backward returns the vectors' gradient (``gv_out`` [num_edges, 3]) instead of grad y. irreps_in2 must be
@@ -111,8 +111,9 @@ class KernelSpec:
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
-        if self.gz_e3nn and (self.direction != "backward" or self.variant == "tp"):
-            raise ValueError("gz_e3nn is a convolution backward's option (the walk that reads grad_z by sender)")
+        if self.gz_e3nn and (self.direction not in ("backward", "double_backward") or self.variant == "tp"):
+            raise ValueError("gz_e3nn is an option of the convolution's walks that read grad_z by sender (backward, "
+                             "double_backward)")
         need = tuple(bool(n) for n in self.need)
         if self.direction == "forward":
             need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal

@@ -85,19 +85,25 @@ def chunk_loops(enabled: bool = True):
 # peak. $MLIP_ACCEL_TABULATED_ONE_PASS=0 restores the general rules (an A/B; benchmarks/radial_table_notes.md).
 TABULATED_ONE_PASS = os.environ.get("MLIP_ACCEL_TABULATED_ONE_PASS", "1") != "0"
 TABULATED_BUDGET = {("backward", "float32"): 16}
-_GZ_E3NN_OVERRIDE: list[bool] = []
+_GZ_E3NN_OVERRIDE: list[tuple[bool, bool]] = []  # (wanted, also the untabulated walks by sender)
 
 
 def gz_e3nn_enabled(direction: str, tabulated: bool) -> bool:
-    """Whether a walk reads grad_z in e3nn's columns (KernelSpec.gz_e3nn): the tabulated backward."""
-    wanted = _GZ_E3NN_OVERRIDE[-1] if _GZ_E3NN_OVERRIDE else TABULATED_ONE_PASS
-    return wanted and tabulated and direction == "backward"
+    """Whether a walk reads grad_z in e3nn's columns (KernelSpec.gz_e3nn): the tabulated backward; the untabulated
+    backward and double backward's walk by sender only where a benchmark forces it (:func:`gz_e3nn` with
+    ``untabulated=True``: unmeasured, it gives back the gathered copy of grad_z, conv_scratch_carbon1k.md)."""
+    wanted, untabulated = _GZ_E3NN_OVERRIDE[-1] if _GZ_E3NN_OVERRIDE else (TABULATED_ONE_PASS, False)
+    if not wanted:
+        return False
+    if tabulated:
+        return direction == "backward"
+    return untabulated and direction in ("backward", "double_backward")
 
 
-def gz_e3nn(enabled: bool = True):
+def gz_e3nn(enabled: bool = True, untabulated: bool = False):
     """Generate the tabulated backward walks reading grad_z in e3nn's columns (or, with False, gathered) inside
-    the block."""
-    return _pushed(_GZ_E3NN_OVERRIDE, bool(enabled))
+    the block; ``untabulated``: the other walks by sender too (backward, double backward)."""
+    return _pushed(_GZ_E3NN_OVERRIDE, (bool(enabled), bool(untabulated)))
 
 
 # The double backward's walk by sender in fp32, from a sweep on an H100 (benchmarks/double_backward_sweep_h100.md,
