@@ -9,7 +9,8 @@
 #   gpu_tests.log            TESTS (default test_prefetch_hints_gpu.py)
 #   ncu_*.txt                NCU=1: Nsight Compute of mace-medium's fp32 backward walk without and with L2 hints
 #   summary.txt              PASSED/FAILED per stage
-# SKIP_AB / SKIP_AB8K / SKIP_TESTS drop those stages; AB_ARGS adds walk_ab.py arguments.
+# SKIP_AB / SKIP_AB8K / SKIP_TESTS drop those stages; AB_ARGS adds walk_ab.py arguments; WHAT (default prefetch) lists
+# the walk_ab.py comparisons to make, e.g. WHAT="loops gz" (their folders and logs end in _loops, _gz).
 #
 #   OUT=/path bash scripts/gpu_check_prefetch.sh
 set -uo pipefail
@@ -22,19 +23,22 @@ gpu_check_start gpu_check_prefetch || exit 1
 print('torch', torch.__version__, 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
 } 2>&1 | tee "$OUT/setup.log"
 
-ab() {  # ab NAME SECONDS ARGS...: one walk_ab.py run, its table printed
-  local name=$1 seconds=$2
-  shift 2
+ab() {  # ab WHAT NAME SECONDS ARGS...: one walk_ab.py run, its table printed
+  local what=$1 name=$2 seconds=$3
+  shift 3
   mkdir -p "$OUT/$name"
-  timeout "$seconds" bash -c "py_nequip scripts/walk_ab.py --what prefetch $* ${AB_ARGS:-} --out $OUT/$name" \
+  timeout "$seconds" bash -c "py_nequip scripts/walk_ab.py --what $what $* ${AB_ARGS:-} --out $OUT/$name" \
     >"$OUT/$name.log" 2>&1
   stage "$name" $?
   grep "^|" "$OUT/$name.log"
 }
-[[ -n ${SKIP_AB:-} ]] || ab walk_ab_carbon1k "${AB_TIMEOUT:-200}" --graph carbon-1k \
-  --problems "${AB_PROBLEMS:-mace-medium,mace-large,nequip-benzene}" --dtypes "${AB_DTYPES:-float32,float64}"
-[[ -n ${SKIP_AB8K:-} ]] || ab walk_ab_carbon8k "${AB8K_TIMEOUT:-100}" --graph carbon-8k \
-  --problems "${AB8K_PROBLEMS:-mace-medium}" --dtypes "${AB8K_DTYPES:-float32}" --rounds 3
+for what in ${WHAT:-prefetch}; do
+  suffix=$([[ $what == prefetch ]] || echo "_$what")
+  [[ -n ${SKIP_AB:-} ]] || ab "$what" "walk_ab_carbon1k$suffix" "${AB_TIMEOUT:-200}" --graph carbon-1k \
+    --problems "${AB_PROBLEMS:-mace-medium,mace-large,nequip-benzene}" --dtypes "${AB_DTYPES:-float32,float64}"
+  [[ -n ${SKIP_AB8K:-} ]] || ab "$what" "walk_ab_carbon8k$suffix" "${AB8K_TIMEOUT:-100}" --graph carbon-8k \
+    --problems "${AB8K_PROBLEMS:-mace-medium}" --dtypes "${AB8K_DTYPES:-float32}" --rounds 3
+done
 
 # shellcheck disable=SC2086  # TESTS: pytest arguments
 [[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip "${TESTS_TIMEOUT:-150}" gpu_tests ${TESTS:-test_prefetch_hints_gpu.py}
