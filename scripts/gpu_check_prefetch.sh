@@ -7,6 +7,8 @@
 #                            hints into L2 and into L1, alternating in one process, outputs compared bitwise; on
 #                            carbon-1k (AB_PROBLEMS x AB_DTYPES) and carbon-8k (AB8K_PROBLEMS, fp32)
 #   gpu_tests.log            TESTS (default test_prefetch_hints_gpu.py)
+#   sanitizer.log            SANITIZER=1: compute-sanitizer memcheck of scripts/sanitizer_case.py --only all with hints
+#                            in every walk
 #   ncu_*.txt                NCU=1: Nsight Compute of mace-medium's fp32 backward walk without and with L2 hints
 #   summary.txt              PASSED/FAILED per stage
 # SKIP_AB / SKIP_AB8K / SKIP_TESTS drop those stages; AB_ARGS adds walk_ab.py arguments; WHAT (default prefetch) lists
@@ -42,6 +44,22 @@ done
 
 # shellcheck disable=SC2086  # TESTS: pytest arguments
 [[ -n ${SKIP_TESTS:-} ]] || gpu_tests nequip "${TESTS_TIMEOUT:-150}" gpu_tests ${TESTS:-test_prefetch_hints_gpu.py}
+
+# compute-sanitizer memcheck with hints in every walk (MLIP_ACCEL_PREFETCH=L2): the graphs (isolated nodes, a hub,
+# one edge, no edges), every family and the fused double backward; the hinted addresses must stay inside their rows
+[[ -z ${SANITIZER:-} ]] || {
+  : >"$OUT/sanitizer.log"
+  if command -v compute-sanitizer >/dev/null; then
+    MLIP_ACCEL_PREFETCH=L2 timeout 60 bash -c "py_nequip scripts/sanitizer_case.py --only all" 2>&1 \
+      | tee -a "$OUT/sanitizer.log" | tail -n 2  # compiles into the cache, checks the results
+    MLIP_ACCEL_PREFETCH=L2 PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP timeout 240 \
+      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitizer_case.py --only all 2>&1 \
+      | tee -a "$OUT/sanitizer.log" | tail -n 4
+    stage "memcheck (hints in every walk)" "${PIPESTATUS[0]}"
+  else
+    stage "memcheck (compute-sanitizer not found)" 1
+  fi
+}
 
 [[ -z ${NCU:-} ]] || for level in 0 L2; do
   report="$OUT/ncu_mace-medium_float32_carbon-1k_prefetch_$level.txt"
