@@ -319,3 +319,29 @@ def test_peak_device_memory_table_and_a_failed_engine(tmp_path, monkeypatch):
     assert "| carbon-3c | symmetrix | process ended (1) |" in text and "stand-in" in text
     rows = json.loads((tmp_path / "peak_device_memory.json").read_text())
     assert [r["engine"] for r in rows] == ["graphs", "symmetrix"]
+
+
+def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say():
+    """walk_registers.py's ptxas report (NVRTC, no GPU) and walk_ab.py's settings: each changes the generated walks
+    the way its label says."""
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
+    import walk_ab
+    import walk_registers
+    from kernel_cases import random_uvu_problem
+    from mlip_accel.runtime import tuning
+    from mlip_accel.runtime.kernels import module_for
+
+    problem = random_uvu_problem(3)
+    gm = module_for(problem, "float32", "backward", "det")
+    report = walk_registers.ptxas_report(gm.programs[0].source, gm.programs[0].name, "sm_80")
+    assert [k for k, _, _ in report] == [gm.walk_kernel] and 0 < report[0][1] <= 255 and report[0][2] >= 0
+    seen = {}
+    for what in ("split", "prefetch", "loops", "gz"):
+        for label, setting in walk_ab.settings(what, 1).items():
+            with setting(), tuning.accumulator_budget(forward=4, backward=3):
+                seen[(what, label)] = walk_ab.describe(problem, "float32")
+    assert seen[("split", "split")]["backward"] != seen[("split", "one")]["backward"]  # 1 byte: a part per phase
+    assert seen[("prefetch", "L2")]["backward"].endswith("/L2") and "/L" not in seen[("prefetch", "none")]["backward"]
+    assert seen[("prefetch", "L2-dfw")]["double_backward"] == seen[("prefetch", "none")]["double_backward"]
+    assert "/loops" in seen[("loops", "looped")]["forward"] and "/loops" not in seen[("loops", "unrolled")]["backward"]
+    assert seen[("gz", "e3nn")]["backward"].endswith("/gze") and "/gze" not in seen[("gz", "gathered")]["backward"]
