@@ -5,8 +5,9 @@ their lines in L2 (or L1) instead of waiting on device memory.
 Plain data in, source lines out. A phase lists the element ranges it reads of each row (:class:`Run`); they are
 turned into the 128-byte lines they cover, and the lines of one row into as few warp-wide prefetch instructions
 as possible: runs of equal length at a fixed stride (a contiguous row; one or two lines per path at a fixed stride
-with chunk loops) take one instruction per 32 lines, each lane hinting one line. A hint never faults and never changes a result: a wrong
-address would only cost bandwidth, but every address emitted lies inside the range a phase reads.
+with chunk loops) take one instruction per 32 lines, each lane hinting one line. A hint never faults and never
+changes a result: a wrong address would only cost bandwidth, but every address emitted lies inside the range a
+phase reads.
 """
 from __future__ import annotations
 
