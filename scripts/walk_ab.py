@@ -60,7 +60,8 @@ def describe(problem, dt: str) -> dict:
     """What the current setting generates per direction: walk programs, and the hint level."""
     mods = {d: module_for(problem, dt, d, "det") for d in DIRECTIONS}
     return {d: f"{len(gm.walk_plans)}{'/' + gm.spec.prefetch if gm.spec.prefetch else ''}"
-               f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}" for d, gm in mods.items()}
+               f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}"
+            for d, gm in mods.items()}
 
 
 def case(problem, dtype, nodes: int, edges: int, graph: str):
@@ -106,7 +107,8 @@ def main() -> None:
                         "double backward's walk by receiver only, L2-dbw: by sender only; default all)")
     parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
     parser.add_argument("--forward-epw", default="",
-                        help="also time the forward with these edges per warp (comma list; runtime.tuning.edges_per_warp)")
+                        help="also time the forward with these edges per warp (comma list; "
+                             "runtime.tuning.edges_per_warp)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     limit = int(args.limit_kb * 1000)

@@ -165,7 +165,8 @@ def test_hints_cover_what_the_walk_reads():
     problem = random_uvu_problem(3)
     fwd = KernelSpec(problem, "float32", "forward", "det", budget=10_000, prefetch="L2")
     (runs,) = prefetch_runs(fwd)
-    covered = lambda row: {i for r in runs if r.row.startswith(row) for i in range(r.start, r.start + r.count)}  # noqa: E731
+    def covered(row):
+        return {i for r in runs if r.row.startswith(row) for i in range(r.start, r.start + r.count)}
     weighted = {i for path in problem.paths if path.has_weight
                 for i in range(path.weight_offset, path.weight_offset + problem.irreps_in1[path.i_in1][0]
                                * problem.irreps_in2[path.i_in2][0])}

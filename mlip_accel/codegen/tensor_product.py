@@ -76,8 +76,9 @@ class KernelSpec:
     # walk locates each edge's interval and evaluates the cubic of each weight it uses; the backward turns
     # grad W into the lengths' gradient (need[2] then means the lengths). Forward and backward only.
     tabulated: bool = False
-    # the walk by sender (backward, double_backward) reads grad_z in e3nn's (mul, 2l+1) columns instead of a gathered
-    # (2l+1, mul) copy: no node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the rows stay in L1)
+    # the walk by sender (backward, double_backward) reads grad_z in e3nn's (mul, 2l+1) columns instead of a
+    # gathered (2l+1, mul) copy: no node_rows x D_OUT buffer beside grad_z (a lane's loads then stride by 2l+1; the
+    # rows stay in L1)
     gz_e3nn: bool = False
     # y is not read: the walk evaluates the harmonics of each edge's vector (``vectors`` [num_edges, 3]) itself, and
     # the backward returns the vectors' gradient (``gv_out`` [num_edges, 3]) instead of grad y. irreps_in2 must be
