@@ -215,7 +215,7 @@ def split_walks(limit_bytes: int):
 # $MLIP_ACCEL_PREFETCH: "L1" or "L2" every walk, "0" none (the benchmarks' A/B).
 PREFETCH = {"forward": "L2", "backward": "L2", "double_forward": "L2", "double_backward": "L2"}
 PREFETCH_MIN_CHANNELS = 128
-_PREFETCH_OVERRIDE: list[dict[str, str]] = []  # direction -> level; directions left out: none
+_PREFETCH_OVERRIDE: list[tuple[str, tuple[str, ...] | None]] = []  # (level, its directions; None: every walk)
 _ENV_PREFETCH_VALUES = {"0": "", "L1": "L1", "L2": "L2"}
 
 
@@ -237,7 +237,8 @@ def prefetch_level(direction: str = "backward", problem=None, variant: str = "de
     (not tabulated, harmonics not in the walk) of a problem whose every input irrep has at least
     :data:`PREFETCH_MIN_CHANNELS` channels."""
     if _PREFETCH_OVERRIDE:
-        return _PREFETCH_OVERRIDE[-1].get(direction, "")
+        level, directions = _PREFETCH_OVERRIDE[-1]
+        return level if directions is None or direction in directions else ""
     env = _env_prefetch()
     if env is not None:
         return env
@@ -246,12 +247,14 @@ def prefetch_level(direction: str = "backward", problem=None, variant: str = "de
     return PREFETCH.get(direction, "") if _channels_at_least(problem, PREFETCH_MIN_CHANNELS) else ""
 
 
-def prefetch(level: str, directions=("forward", "backward", "double_forward", "double_backward")):
-    """Generate the walks of ``directions`` with prefetch hints into ``level`` ("L1", "L2"; "" none), every other
-    walk without, inside the block."""
-    if level not in ("", "L1", "L2"):
-        raise ValueError(f"prefetch level must be '', 'L1' or 'L2', got {level!r}")
-    return _pushed(_PREFETCH_OVERRIDE, {d: level for d in directions})
+def prefetch(level: str, directions=None):
+    """Generate the walks of ``directions`` (None: every walk) with prefetch hints into ``level`` ("L1", "L2"; ""
+    none), every other walk without, inside the block."""
+    from ..codegen.prefetch import LEVELS
+
+    if level not in LEVELS:
+        raise ValueError(f"prefetch level must be one of {LEVELS}, got {level!r}")
+    return _pushed(_PREFETCH_OVERRIDE, (level, None if directions is None else tuple(directions)))
 
 
 @contextlib.contextmanager
