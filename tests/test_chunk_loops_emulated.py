@@ -81,7 +81,7 @@ def test_tp_and_float32_and_default_budgets(looped):
 
 def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
     """Without an override, chunk loops are generated where they were measured to pay (every input irrep >= 128
-    channels: MACE's convolutions; the fp32 backward and the fp64 double backward), nowhere else."""
+    channels: MACE's convolutions; the fp32 backward and every fp64 walk), nowhere else."""
     from mlip_accel.runtime.kernels import module_for
     from mlip_accel.runtime.tuning import chunk_loops_enabled
     from kernel_cases import bench_problem, bench_problem_specs
@@ -91,6 +91,9 @@ def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
         assert chunk_loops_enabled(specs[name], "backward", "float32")
         assert chunk_loops_enabled(specs[name], "double_backward", "float64")
         assert chunk_loops_enabled(specs[name], "double_forward", "float64")
+        assert chunk_loops_enabled(specs[name], "forward", "float64")
+        assert chunk_loops_enabled(specs[name], "backward", "float64")
+        assert module_for(specs[name], "float64", "forward", "det").spec.chunk_loops
         assert not chunk_loops_enabled(specs[name], "forward", "float32")
         assert not chunk_loops_enabled(specs[name], "double_backward", "float32")
         gm = module_for(specs[name], "float32", "backward", "det")
@@ -98,7 +101,7 @@ def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():
         assert not module_for(specs[name], "float32", "forward", "det").spec.chunk_loops
         assert not module_for(specs[name], "float32", "backward", "tp").spec.chunk_loops  # measured on convs only
     for name in ("nequip-benzene", "nequip-toluene", "nequip-oam-l"):  # 64 or fewer channels somewhere
-        for direction, dtype in (("backward", "float32"), ("double_backward", "float64")):
+        for direction, dtype in (("backward", "float32"), ("forward", "float64"), ("double_backward", "float64")):
             assert not chunk_loops_enabled(specs[name], direction, dtype)
     with cuda.chunk_loops(False):  # an override wins
         assert not chunk_loops_enabled(specs["mace-medium"], "backward", "float32")

@@ -31,11 +31,15 @@ _EDGES_PER_WARP_OVERRIDE: int | None = None  # tests: tiny chunks split rows bet
 # and 1.08x (mace-large) faster at 8000 atoms, even / 7 % slower at 1000; the fp64 double backward 7 % faster
 # (mace-large) / 2 % slower (mace-medium) at 1000. With 64 channels and many paths they cost (nequip-benzene's
 # double backward: +13 % fp32, 2.3x fp64). Elsewhere unmeasured: off.
+# With the prefetch hints (H200, walk_ab.py --what loops, carbon-1k, one process; benchmarks/loops_gz_19th.md) the
+# fp64 forward and backward pay too: looped / unrolled forward 0.94 (mace-medium) / 0.96 (mace-large), backward 0.86 /
+# 0.96; in fp32 the looped forward lost (1.01-1.07) and the unrolled backward still lost (1.07-1.31).
 CHUNK_LOOPS = False  # every walk, every problem (a global switch; the rule below applies when it is off)
 # $MLIP_ACCEL_CHUNK_LOOPS: "1" every walk looped, "0" none (benchmarks' A/B of the rule), unset: the rule
 _ENV_LOOPS = {"1": True, "0": False}.get(os.environ.get("MLIP_ACCEL_CHUNK_LOOPS", ""))
 LOOPS_MIN_CHANNELS = 128
-LOOPS_PAY = {("backward", "float32"), ("double_forward", "float64"), ("double_backward", "float64")}
+LOOPS_PAY = {("backward", "float32"), ("forward", "float64"), ("backward", "float64"), ("double_forward", "float64"),
+             ("double_backward", "float64")}
 LOOPS_BUDGET = {("backward", "float32"): 16}  # the budget with loops (12 unrolled: 4 phases for mace-large)
 _CHUNK_LOOPS_OVERRIDE: list[bool] = []
 
