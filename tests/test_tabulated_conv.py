@@ -4,6 +4,7 @@ fed the table's values (reference/radial_table.py) and the table's own backward.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -183,7 +184,10 @@ def test_forces_run_the_tabulated_walks_and_equal_the_unfused_path(emulated):
     leaves = [t.clone().requires_grad_() for t in (x, y, r)]
     before = len(emulated.launches)
     out = tabulated_conv(call, *leaves, (scale,))
-    grads = torch.autograd.grad(out, leaves, gz)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        grads = torch.autograd.grad(out, leaves, gz)
+    assert not caught  # forces with a trainable parameter (MD on a model fresh from training): no warning
     names = [name for name, *_ in emulated.launches[before:]]
     assert any("_tab_for_" in n for n in names) and any("_tab_bac_" in n for n in names), names
     plain = [t.clone().requires_grad_() for t in (x, y, r)]
@@ -198,13 +202,22 @@ def test_forces_run_the_tabulated_walks_and_equal_the_unfused_path(emulated):
 def test_parameter_gradients_and_second_derivatives_take_the_unfused_path(emulated):
     from mlip_accel.ops.tabulated_conv import tabulated_conv
 
+    from mlip_accel.ops.tabulated_conv import TableInTrainingWarning
+
     call, x, y, r, gz, scale = _call(random_uvu_problem(5), torch.float64, seed=5)
     got, want = [], []
     for fn, into in ((lambda *a: tabulated_conv(call, *a, (scale,)), got), (call.unfused, want)):
         rr = r.clone().requires_grad_()
         xx = x.clone().requires_grad_()
         out = fn(xx, y, rr)
-        (g_scale,) = torch.autograd.grad((out * gz).sum(), scale, retain_graph=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (g_scale,) = torch.autograd.grad((out * gz).sum(), scale, retain_graph=True)
+        # the parameter gradient through the table: a training step in eval mode, which the user is told about
+        tabulated = fn is not call.unfused
+        assert [w.category for w in caught] == ([TableInTrainingWarning] if tabulated else []), caught
+        if tabulated:
+            assert "model.train()" in str(caught[0].message)
         g_r, g_x = torch.autograd.grad((out * gz).sum(), (rr, xx), create_graph=True)
         (h,) = torch.autograd.grad((g_r.square().sum() + g_x.square().sum()), rr)  # a Hessian-vector product
         into.extend([g_scale, g_r, g_x, h])
