@@ -12,8 +12,8 @@ interactions, 89 elements, random weights); cuEquivariance through MACE's own co
 - ``stress``: as ``md`` with ``compute_stress=True`` (MACE's ASE calculator on a periodic cell, TorchSim):
   the stress gathers' backward (``cell[batch[sender]]``), which mlip_accel swaps (patches.mace.displacement);
   each peer runs MACE's own.
-- ``train``: parameters trainable, ``model(batch, training=True)`` (forces with create_graph), loss
-  ``mean((E - E0)^2) + mean(|F - F0|^2)`` against fixed targets, ``loss.backward()``, gradients set to None
+- ``train``: parameters trainable, the model in training mode, ``model(batch, training=True)`` (forces with
+  create_graph), loss ``mean((E - E0)^2) + mean(|F - F0|^2)`` against fixed targets, ``loss.backward()``, gradients set to None
   first. Each implementation's loss, forces and (mlip_accel, same parameter names) parameter gradients are
   compared with e3nn's in the same run.
 
@@ -102,6 +102,10 @@ def make_step(model, data: dict, mode: str, targets):
 
     for p in params:
         p.requires_grad_(mode == "train")  # MD: frozen, as MACE's calculator freezes them
+    # training mode as MACE's training loop sets it (tools/train.py: model.train()); in eval mode with trainable
+    # parameters the fp32 radial networks read their tables in the forward and the backward recomputes them
+    # exactly for the parameter gradients (ops.tabulated_conv): a fine-tuning script that forgets train() pays that
+    model.train(mode == "train")
     return {"md": md, "stress": stress, "train": train}[mode]
 
 
