@@ -12,7 +12,6 @@ lookup takes through the exact network (ops.radial_table) and the convolution th
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from typing import Callable
 
 import torch
@@ -21,7 +20,7 @@ from torch import Tensor
 from ..problem import TPProblem
 from ..problem.spherical_harmonics import SHProblem
 from .gradients import wanted
-from .radial_table import RadialTable
+from .radial_table import RadialTable, TableInTrainingWarning, parameter_gradients_taken  # noqa: F401
 
 
 # The attribute a tabulated radial network sets on what it returns in place of W when its convolution reads the
@@ -29,19 +28,6 @@ from .radial_table import RadialTable
 # element, expanded): the convolution reads the table inside its walks instead, and any other consumer computes
 # NaN, never a plausible wrong number.
 TABULATED_WEIGHTS = "_mlip_accel_tabulated_weights"
-
-
-class TableInTrainingWarning(UserWarning):
-    """A backward took the radial network's parameter gradients through a convolution that read a radial table in
-    its forward: a training step run with the model in eval mode (the tables apply in eval mode only)."""
-
-
-TRAINING_IN_EVAL_MODE = (
-    "a training step took the radial network's parameter gradients through a radial table: the model is in eval "
-    "mode, so its forward read the table and the backward recomputes the network and the convolution exactly. The "
-    "results are right but the step does the forward twice (MACE-MP-0-medium, 8000 atoms, fp32, H200: 211 ms "
-    "instead of 147). Call model.train() before training steps (MACE's and NequIP's training loops leave the model "
-    "in training mode), or accelerate(..., radial_table=False).")
 
 
 def tabulated_placeholder(like: Tensor, rows: int, outputs: int, source: tuple) -> Tensor:
@@ -110,7 +96,7 @@ class _TabulatedConv(torch.autograd.Function):
         want = [wanted(ctx, i, t) for i, t in ((1, x), (2, y), (3, lengths))]
         want_params = [wanted(ctx, 4 + k, p) for k, p in enumerate(params)]
         if any(want_params):
-            warnings.warn(TRAINING_IN_EVAL_MODE, TableInTrainingWarning, stacklevel=2)
+            parameter_gradients_taken(call.table)
         if torch.is_grad_enabled() or any(want_params):
             # a second derivative to come, or the radial network's parameter gradients: the unfused composition
             create_graph = torch.is_grad_enabled()

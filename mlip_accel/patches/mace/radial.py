@@ -143,12 +143,13 @@ class FoldedRadialMLP(torch.nn.Sequential):
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         source = getattr(x, LENGTHS_ATTRIBUTE, None)
-        if source is not None and table_applies(self.table, self.training, x):
+        params = [layer.weight for layer in self]
+        # offers: not while training in eval mode (the backward would recompute the network anyway)
+        if source is not None and table_applies(self.table, self.training, x) and self.tables.offers(params):
             lengths, embedding = source
             table = self._table(embedding, x)
             if table is not None:
                 exact = lambda r: self._exact(embedding, r)  # noqa: E731
-                params = [layer.weight for layer in self]
                 if self.fuse_into_conv and x.dim() == 2:
                     return tabulated_placeholder(x, x.shape[0], table.outputs,
                                                  (table, lengths.reshape(-1), exact, params))

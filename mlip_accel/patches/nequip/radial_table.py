@@ -143,10 +143,12 @@ class TabulatedEdgeMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         source = getattr(x, NORM_LENGTH_ATTRIBUTE, None)
-        if source is not None and table_applies(self.table, self.training, x):
+        linears = self._linears()
+        # offers: not while training in eval mode (the backward would recompute the network anyway)
+        if (source is not None and table_applies(self.table, self.training, x)
+                and self.tables.offers([m.weight for m in linears])):
             norm, encoding, factor = source
             p = _cutoff_power(encoding.cutoff)
-            linears = self._linears()
             sources = [encoding.bessel_weights] + [m.weight for m in linears] + [m.alpha for m in linears]
             table = self.tables.get(lambda r: self._network(encoding, p, factor, r), sources, 1.0, x.dtype,
                                     x.device, "the edge MLP", constants=(p, factor))
