@@ -276,3 +276,29 @@ def test_table_cache_reads_no_tensor_value_unless_it_builds(monkeypatch):
         weights[-1].mul_(2.0)  # in place: a new version, a new table
     second = cache.get(net, weights + [r_max], r_max, torch.float32, torch.device("cpu"), "the test network")
     assert second is not first and not torch.equal(second.coeffs, first.coeffs)
+
+
+def test_table_cache_training_mark_is_not_state():
+    """The mark a training step in eval mode leaves on a TableCache (ops.radial_table.parameter_gradients_taken)
+    steers only this process: a pickle or copy starts unmarked, and a cache pickled before the mark existed unpickles
+    with it off (no AttributeError in offers)."""
+    import copy
+    import pickle
+
+    trainable = torch.zeros(2, requires_grad=True)
+    weights = _weights()
+    r_max = torch.tensor(R_MAX, dtype=torch.float64)
+    cache = ops.TableCache()
+    table = cache.get(_network(weights), weights + [r_max], r_max, torch.float32, torch.device("cpu"), "the test net")
+    assert cache.offers([trainable])
+    with pytest.warns(ops.TableInTrainingWarning):
+        ops.parameter_gradients_taken(table)
+    assert cache.trained and not cache.offers([trainable])
+    assert cache.offers([trainable.detach()])  # frozen parameters: the table again
+    with torch.no_grad():
+        assert cache.offers([trainable])
+    for other in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert not other.trained and other.offers([trainable])
+    old = ops.TableCache.__new__(ops.TableCache)
+    old.__setstate__({"_key": None, "_entry": None})  # pickled before the mark existed
+    assert not old.trained and old.offers([trainable])

@@ -202,7 +202,7 @@ def test_forces_run_the_tabulated_walks_and_equal_the_unfused_path(emulated):
 def test_parameter_gradients_and_second_derivatives_take_the_unfused_path(emulated):
     from mlip_accel.ops.tabulated_conv import tabulated_conv
 
-    from mlip_accel.ops.tabulated_conv import TableInTrainingWarning
+    from mlip_accel.ops.radial_table import TableInTrainingWarning
 
     call, x, y, r, gz, scale = _call(random_uvu_problem(5), torch.float64, seed=5)
     got, want = [], []

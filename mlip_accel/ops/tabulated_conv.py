@@ -20,7 +20,7 @@ from torch import Tensor
 from ..problem import TPProblem
 from ..problem.spherical_harmonics import SHProblem
 from .gradients import wanted
-from .radial_table import RadialTable, TableInTrainingWarning, parameter_gradients_taken  # noqa: F401
+from .radial_table import RadialTable, parameter_gradients_taken
 
 
 # The attribute a tabulated radial network sets on what it returns in place of W when its convolution reads the
