@@ -102,9 +102,9 @@ def make_step(model, data: dict, mode: str, targets):
 
     for p in params:
         p.requires_grad_(mode == "train")  # MD: frozen, as MACE's calculator freezes them
-    # training mode as MACE's training loop sets it (tools/train.py: model.train()); in eval mode with trainable
-    # parameters the fp32 radial networks read their tables in the forward and the backward recomputes them
-    # exactly for the parameter gradients (ops.tabulated_conv): a fine-tuning script that forgets train() pays that
+    # training mode, as MACE trains (its models are built in training mode and its loop never leaves it); in eval
+    # mode with trainable parameters the fp32 radial networks read their tables in the first step and the backward
+    # recomputes them exactly for the parameter gradients (ops.radial_table.TableInTrainingWarning)
     model.train(mode == "train")
     return {"md": md, "stress": stress, "train": train}[mode]
 

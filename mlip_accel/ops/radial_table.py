@@ -178,11 +178,14 @@ def check_table_option(option) -> None:
         raise ValueError(f"radial_table must be one of {TABLE_OPTIONS}, got {option!r}")
 
 
-def table_applies(option, training: bool, x: Tensor) -> bool:
+def table_applies(option, training: bool, x: Tensor, tables: TableCache | None = None, params=()) -> bool:
     """Whether a radial network asked to tabulate with ``option`` reads its table for input ``x``: inference only
-    (not in training mode); "auto" on CUDA in float32 (float64 stays exact: no table matches its rounding), True
+    (not in training mode, nor while ``tables``, the network's cache, declines for its trainable ``params``:
+    :meth:`TableCache.offers`); "auto" on CUDA in float32 (float64 stays exact: no table matches its rounding), True
     wherever the table is accurate enough, False never."""
     if option is False or training or torch.compiler.is_compiling():
+        return False
+    if tables is not None and not tables.offers(params):
         return False
     return option is True or (x.is_cuda and x.dtype == torch.float32)
 

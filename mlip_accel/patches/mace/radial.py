@@ -134,6 +134,11 @@ class FoldedRadialMLP(torch.nn.Sequential):
             return self._layers_forward(x)
         return self._forward(x)
 
+    def reads_table(self, x: torch.Tensor) -> bool:
+        """Whether this network reads its table for features like ``x`` (ops.radial_table.table_applies; not while
+        training in eval mode, where the backward would recompute the network anyway)."""
+        return table_applies(self.table, self.training, x, self.tables, [layer.weight for layer in self])
+
     def _layers_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The folded layers themselves (no table)."""
         for layer in self:
@@ -143,13 +148,12 @@ class FoldedRadialMLP(torch.nn.Sequential):
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         source = getattr(x, LENGTHS_ATTRIBUTE, None)
-        params = [layer.weight for layer in self]
-        # offers: not while training in eval mode (the backward would recompute the network anyway)
-        if source is not None and table_applies(self.table, self.training, x) and self.tables.offers(params):
+        if source is not None and self.reads_table(x):
             lengths, embedding = source
             table = self._table(embedding, x)
             if table is not None:
                 exact = lambda r: self._exact(embedding, r)  # noqa: E731
+                params = [layer.weight for layer in self]
                 if self.fuse_into_conv and x.dim() == 2:
                     return tabulated_placeholder(x, x.shape[0], table.outputs,
                                                  (table, lengths.reshape(-1), exact, params))

@@ -10,7 +10,6 @@ import torch
 
 from ...modules.e3nn_api import ReadsLikeOriginal
 from ...ops.radial_basis import radial_basis
-from ...ops.radial_table import table_applies
 from .radial import LAZY_ATTRIBUTE, LENGTHS_ATTRIBUTE, FoldedRadialMLP
 from ..submodules import LeafSwap, apply, undo  # noqa: F401  (the adapter applies and undoes through this module)
 
@@ -84,7 +83,7 @@ class FusedRadialEmbedding(ReadsLikeOriginal, torch.nn.Module):
 
 def _reads_table(mlp, lengths: torch.Tensor) -> bool:
     """Whether the radial MLP ``mlp`` will read a table by length for features like ``lengths``."""
-    return type(mlp) is FoldedRadialMLP and table_applies(mlp.table, mlp.training, lengths)
+    return type(mlp) is FoldedRadialMLP and mlp.reads_table(lengths)
 
 
 def _build(child, backend: str = "auto"):

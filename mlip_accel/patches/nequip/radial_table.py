@@ -144,9 +144,8 @@ class TabulatedEdgeMLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         source = getattr(x, NORM_LENGTH_ATTRIBUTE, None)
         linears = self._linears()
-        # offers: not while training in eval mode (the backward would recompute the network anyway)
-        if (source is not None and table_applies(self.table, self.training, x)
-                and self.tables.offers([m.weight for m in linears])):
+        # not while training in eval mode either (the backward would recompute the network anyway)
+        if source is not None and table_applies(self.table, self.training, x, self.tables, [m.weight for m in linears]):
             norm, encoding, factor = source
             p = _cutoff_power(encoding.cutoff)
             sources = [encoding.bessel_weights] + [m.weight for m in linears] + [m.alpha for m in linears]
