@@ -7,6 +7,14 @@ from mlip_accel.testing.conv_cases import (  # noqa: F401
     problems_json, random_uvu_problem)
 from mlip_accel.testing.errors import TOL, rel_err  # noqa: F401
 
+BENCH_NAMES = [s["name"] for s in bench_problem_specs()]  # the problems of problems.json
+
+
+def bench_problem_named(name: str):
+    """The bench problem of problems.json called ``name``."""
+    return bench_problem(next(s for s in bench_problem_specs() if s["name"] == name))
+
+
 # The graph shapes every GPU walk is checked on: (kind, num_nodes, num_edges)
 GRAPH_SHAPES = [
     ("isolated", 300, 4000),  # a third of the nodes have no edge
@@ -50,3 +58,19 @@ def assert_same_outputs(a, b, what: str, exact: bool = True) -> None:
             assert torch.equal(u, v), f"{what} output {n}: not bitwise equal"
         elif u is not None:
             assert rel_err(u, v) <= 1e-13, f"{what} output {n}: {rel_err(u, v):.3g}"
+
+
+def assert_gradients_match_reference(problem, outs, tensors, dtype, what: str, backward: bool = False) -> None:
+    """The gradient outputs of :func:`conv_all_directions`'s ``run()`` (``outs``) within the dtype's tolerance of
+    the fp64 references: the fused double backward's four (``outs[4:]``), and with ``backward`` the backward's
+    grad x, y, w (``outs[1:4]``)."""
+    from mlip_accel import reference
+
+    x, y, w, gz, gg, dst, src = tensors
+    checks = [("double backward", outs[4:], double_backward_reference(problem, x, y, w, gz, gg, dst, src))]
+    if backward:
+        checks.append(("backward", outs[1:4],
+                       reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src)))
+    for name, got, want in checks:
+        for a, b in zip(got, want):
+            assert rel_err(a, b) <= TOL[dtype], f"{what}: {name} {rel_err(a, b):.3g} > {TOL[dtype]:g}"

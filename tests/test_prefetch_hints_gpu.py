@@ -6,21 +6,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_cases import (TOL, assert_same_outputs, bench_problem, bench_problem_specs, conv_all_directions,
-                          double_backward_reference, rel_err)
+from kernel_cases import (BENCH_NAMES, assert_gradients_match_reference, assert_same_outputs, bench_problem_named,
+                          conv_all_directions)
 from mlip_accel.runtime import debug, tuning
 from mlip_accel.runtime.kernels import module_for
 
 pytestmark = pytest.mark.gpu
-NAMES = [s["name"] for s in bench_problem_specs()]
 
 
 @pytest.mark.parametrize("level", ["L1", "L2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", BENCH_NAMES)
 def test_hinted_walks_equal_unhinted_and_the_reference(name, dtype, level):
-    problem = bench_problem(next(s for s in bench_problem_specs() if s["name"] == name))
-    run, (x, y, w, gz, gg, dst, src) = conv_all_directions(problem, 300, 5000, dtype, "isolated", 11, "cuda")
+    problem = bench_problem_named(name)
+    run, tensors = conv_all_directions(problem, 300, 5000, dtype, "isolated", 11, "cuda")
     with debug.poison():
         with tuning.prefetch(""):
             plain = run()
@@ -28,6 +27,4 @@ def test_hinted_walks_equal_unhinted_and_the_reference(name, dtype, level):
             hinted = run()
             assert module_for(problem, str(dtype).split(".")[1], "backward", "det").spec.prefetch == level
     assert_same_outputs(hinted, plain, f"{name} hinted against unhinted")
-    want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
-    for a, b in zip(hinted[4:], want):
-        assert rel_err(a, b) <= TOL[dtype], f"{name}: double backward {rel_err(a, b):.3g} > {TOL[dtype]:g}"
+    assert_gradients_match_reference(problem, hinted, tensors, dtype, name)
