@@ -7,12 +7,13 @@
 #                            hints into L2 and into L1, alternating in one process, outputs compared bitwise; on
 #                            carbon-1k (AB_PROBLEMS x AB_DTYPES) and carbon-8k (AB8K_PROBLEMS, fp32)
 #   gpu_tests.log            TESTS (default test_prefetch_hints_gpu.py)
-#   sanitizer.log            SANITIZER=1: compute-sanitizer memcheck of scripts/sanitizer_case.py --only all with hints
-#                            in every walk
+#   sanitizer.log            SANITIZER=1: compute-sanitizer (SANITIZER_TOOLS, default memcheck; racecheck too for the
+#                            stacked walks' shared buffer: MLIP_ACCEL_STACK_BLOCKS=1) of scripts/sanitizer_case.py
+#                            --only all with hints in every walk
 #   ncu_*.txt                NCU=1: Nsight Compute of mace-medium's fp32 backward walk without and with L2 hints
 #   summary.txt              PASSED/FAILED per stage
 # SKIP_AB / SKIP_AB8K / SKIP_TESTS drop those stages; AB_ARGS adds walk_ab.py arguments; WHAT (default prefetch) lists
-# the walk_ab.py comparisons to make, e.g. WHAT="loops gz" (their folders and logs end in _loops, _gz).
+# the walk_ab.py comparisons to make, e.g. WHAT="loops gz stack" (their folders and logs end in _loops, _gz, _stack).
 #
 #   OUT=/path bash scripts/gpu_check_prefetch.sh
 set -uo pipefail
@@ -52,10 +53,13 @@ done
   if command -v compute-sanitizer >/dev/null; then
     MLIP_ACCEL_PREFETCH=L2 timeout 60 bash -c "py_nequip scripts/sanitizer_case.py --only all" 2>&1 \
       | tee -a "$OUT/sanitizer.log" | tail -n 2  # compiles into the cache, checks the results
-    MLIP_ACCEL_PREFETCH=L2 PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP timeout 240 \
-      compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitizer_case.py --only all 2>&1 \
-      | tee -a "$OUT/sanitizer.log" | tail -n 4
-    stage "memcheck (hints in every walk)" "${PIPESTATUS[0]}"
+    for tool in ${SANITIZER_TOOLS:-memcheck}; do
+      MLIP_ACCEL_PREFETCH=L2 PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP timeout 240 \
+        compute-sanitizer --tool "$tool" --error-exitcode 3 python3 scripts/sanitizer_case.py --only all 2>&1 \
+        | tee -a "$OUT/sanitizer.log" | tail -n 4
+      stage "$tool (hints in every walk${MLIP_ACCEL_STACK_BLOCKS:+, MLIP_ACCEL_STACK_BLOCKS=$MLIP_ACCEL_STACK_BLOCKS})" \
+        "${PIPESTATUS[0]}"
+    done
   else
     stage "memcheck (compute-sanitizer not found)" 1
   fi

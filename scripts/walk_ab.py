@@ -2,13 +2,15 @@
 walks against one program per walk (``--what split``: KernelSpec.split_bytes), prefetch hints against none
 (``--what prefetch``: KernelSpec.prefetch, levels L2 and L1), or the chunk-loops rule against every walk unrolled and
 every walk looped (``--what loops``: KernelSpec.chunk_loops), or the walks by sender reading grad_z gathered against in
-e3nn's columns (``--what gz``: KernelSpec.gz_e3nn). For each problem and dtype, on a random graph of
+e3nn's columns (``--what gz``: KernelSpec.gz_e3nn), or the walks' grad y summed from per-block partials against
+summed by y-blocks stacked in one block and in place by one launch per y-block (``--what gysum``:
+KernelSpec.grad_y_sum). For each problem and dtype, on a random graph of
 carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
 list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
 setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
 with the first setting's.
 
-    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz] [--problems nequip-benzene,mace-large]
+    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum] [--problems nequip-benzene,mace-large]
                                [--dtypes float32,float64] [--graph random|carbon-1k|carbon-8k] [--rounds 5]
                                [--limit-kb 200] [--flush] [--forward-epw 40,80] [--out DIR]
 
@@ -46,6 +48,8 @@ def settings(what: str, limit: int) -> dict:
     if what == "gz":  # the walks by sender reading grad_z gathered (the rule) or in e3nn's columns (no gathered copy)
         return {"gathered": lambda: tuning.gz_e3nn(False, untabulated=True),
                 "e3nn": lambda: tuning.gz_e3nn(True, untabulated=True)}
+    if what == "gysum":  # grad y from per-block partials summed after the walk, or summed without partials
+        return {mode: (lambda m=mode: tuning.grad_y_sum(m)) for mode in ("partials", "stacked", "in_place")}
     if what == "loops":  # the chunk-loops rule against every walk unrolled / every walk looped
         return {"rule": contextlib.nullcontext, "unrolled": lambda: tuning.chunk_loops(False),
                 "looped": lambda: tuning.chunk_loops(True)}
@@ -61,6 +65,7 @@ def describe(problem, dt: str) -> dict:
     mods = {d: module_for(problem, dt, d, "det") for d in DIRECTIONS}
     return {d: f"{len(gm.walk_plans)}{'/' + gm.spec.prefetch if gm.spec.prefetch else ''}"
                f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}"
+            f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}"
             for d, gm in mods.items()}
 
 
@@ -93,7 +98,7 @@ def flat(outs) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--what", choices=("split", "prefetch", "loops", "gz"), default="split")
+    parser.add_argument("--what", choices=("split", "prefetch", "loops", "gz", "gysum"), default="split")
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")

@@ -71,13 +71,15 @@ def run(directory: Path) -> dict:
                 words.append(0 if bind[a.name] is None else values[bind[a.name]].ctypes.data)
             else:
                 words.append(evaluate(bind[a.name], scalars))
-        for name in plan.zero_outputs:
+        for name in plan.zero_outputs if step.zero else ():  # a later launch of a y-block walk adds, not zeroes
             values[bind[name]].fill(0)
         by_name = {a.name: w for a, w in zip(plan.arguments, words)}
         items = by_name[plan.grid.items]
         if items == 0:
             continue
         per = by_name[plan.grid.per] if plan.grid.per else 1
+        if plan.grid.per_max and per > plan.grid.per_max:  # the kernel's shared buffer holds per_max per group
+            raise ValueError(f"{plan.kernel}: {plan.grid.per} = {per} > {plan.grid.per_max}")
         threads = -(-items // per) * plan.grid.threads_per_item
         grid = (max(1, -(-threads // plan.grid.block_threads)), plan.grid.grid_y, 1)
         array = (ctypes.c_ulonglong * len(words))(*[w & 0xFFFFFFFFFFFFFFFF for w in words])

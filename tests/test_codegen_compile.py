@@ -14,6 +14,7 @@ import pytest
 from kernel_cases import bench_problem, bench_problem_specs, problems_json
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.runtime.backend import budget_for
+from mlip_accel.runtime import tuning
 from mlip_accel.runtime.kernels import module_for
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
@@ -79,6 +80,12 @@ def compiled():
                     gm = module_for(problem, dtype, direction, variant, tabulated=True)
                     for arch in ARCHS:
                         jobs[(spec["name"], dtype, f"{direction}-{variant}-tab", arch)] = _walk(gm, arch)
+            for direction, mode in itertools.product(("backward", "double_backward"), ("stacked", "in_place")):
+                with tuning.grad_y_sum(mode):  # grad y summed without partials, where that applies
+                    gm = module_for(problem, dtype, direction, "det")
+                if gm.spec.grad_y_sum == mode:
+                    for arch in ARCHS:
+                        jobs[(spec["name"], dtype, f"{direction}-det-{mode}", arch)] = _walk(gm, arch)
             sh = _harmonics_of(problem)
             for direction in ("forward", "backward") if sh is not None and problem.weight_numel else ():
                 gm = module_for(problem, dtype, direction, "det", tabulated=True, harmonics=sh)
@@ -162,6 +169,21 @@ def test_prefetch_hints_compile(compiled, dtype, family, arch):
     size, error = compiled[(GIVEN_PROBLEM, dtype, family, arch)]
     assert error is None, error
     assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["stacked", "in_place"])
+def test_grad_y_sum_walks_compile(compiled, dtype, arch, mode):
+    """The walks by sender summing grad y without partials (KernelSpec.grad_y_sum: stacked, a shared buffer and a
+    barrier; in place, a y_block argument and a load-add-store), for every bench problem where the mode applies (at
+    least the MACE problems' looped backward)."""
+    cases = {k: v for k, v in compiled.items() if k[1:2] == (dtype,) and k[-2].endswith(f"-det-{mode}")
+             and k[-1] == arch}
+    assert any(k[0].startswith("mace") for k in cases), sorted(cases)
+    for key, (size, error) in cases.items():
+        assert error is None, f"{key}: {error}"
+        assert size > 0
 
 
 @pytest.mark.parametrize("arch", ARCHS)

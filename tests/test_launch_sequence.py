@@ -140,19 +140,22 @@ def test_reusable_steps_are_reused_only_inside_once_per_tensor(emulator):
 
 
 @emulated_only
-@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("direction", ["forward", "backward", "backward-stacked", "backward-in_place"])
 def test_a_launcher_that_imports_nothing_from_mlip_accel_matches_the_reference(emulator, tmp_path, direction):
     """The JSON plus the CUDA sources are everything: foreign_launcher.py (no mlip_accel) runs the sequence of a
-    deterministic conv module (gathers, walk over split rows, fixup, ordered sum of grad-y partials) in a
+    deterministic conv module (gathers, walk over split rows, fixup, ordered sum of grad-y partials; or grad y
+    summed in the block, or in place by one launch per y-block that zeroes nothing after the first) in a
     fresh interpreter, and matches the reference, and the in-process launcher bit for bit."""
+    direction, _, mode = direction.partition("-")
     problem = random_uvu_problem(3)
     num_nodes, num_edges = 6, 70
     x, y, w, gz = inputs(problem, num_nodes, num_edges, torch.float64, seed=2)
     dst, src = graph("hub", num_nodes, num_edges, seed=2)
     perm, tperm = edge_orders(sort_edges(dst, src, num_nodes))
-    with cuda.accumulator_budget(backward=2):
+    with cuda.accumulator_budget(backward=2), cuda.grad_y_sum(mode or "partials"):
         gm = cuda.module_for(problem, "float64", direction, "det")
-    assert gm.fixup_plan is not None and (direction == "forward" or gm.gy_partials > 1)
+    assert gm.fixup_plan is not None and (direction == "forward" or gm.gy_partials > 1 or gm.spec.grad_y_sum == mode)
+    assert direction == "forward" or (gm.gy_partials > 1) == (not mode)
     order, keys, others = (perm, dst, src) if direction == "forward" else (tperm, src, dst)
     given = {"x": x, "y": y, "w": w, "gz": gz, "order": order, "keys": keys, "others": others}
     seq = gm.sequence

@@ -58,8 +58,11 @@ class GridRule:
     block_threads: int
     per: str = ""  # name of a scalar argument: items are grouped by it (ceil), "" for none
     grid_y: int = 1
+    per_max: int = 0  # the largest value of ``per`` the kernel accepts (a shared buffer per group); 0: any
 
     def grid(self, items: int, per: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        if self.per_max and per > self.per_max:
+            raise ValueError(f"{self.per} = {per}: this kernel takes at most {self.per_max} {self.items} per group")
         threads = -(-items // per) * self.threads_per_item
         return (max(1, -(-threads // self.block_threads)), self.grid_y, 1), (self.block_threads, 1, 1)
 

@@ -94,12 +94,15 @@ class Step:
     """One launch: kernel ``plan.kernel`` of program ``program``; ``bind`` maps each plan argument to a tensor
     or buffer name (pointers; None: a null pointer) or an expression (scalars). ``reusable``: its outputs are a
     function of its inputs alone, so a launcher may reuse them for the same input tensors (a layout gather
-    read by several op calls of one double backward)."""
+    read by several op calls of one double backward). ``zero``: whether the launcher zero-fills the plan's
+    ``zero_outputs`` before this launch (False: a later launch of a kernel launched once per y-block, which adds to
+    what the earlier launches wrote)."""
 
     program: str
     plan: LaunchPlan
     bind: tuple  # ((argument name, tensor/buffer name, None, or expression), ...) in the plan's order
     reusable: bool = False
+    zero: bool = True
 
     def __post_init__(self):
         names = [a.name for a in self.plan.arguments]
@@ -187,7 +190,8 @@ class LaunchSequence:
                               arguments=tuple(Argument(**a) for a in p["arguments"]), grid=GridRule(**p["grid"]),
                               zero_outputs=tuple(p["zero_outputs"]), tuning=_tuple(p["tuning"]))
             plans.setdefault(s["program"], []).append(plan)
-            steps.append(Step(program=s["program"], plan=plan, bind=_tuple(s["bind"]), reusable=s["reusable"]))
+            steps.append(Step(program=s["program"], plan=plan, bind=_tuple(s["bind"]), reusable=s["reusable"],
+                              zero=s.get("zero", True)))
         programs = []
         for p in d["programs"]:
             source = sources[p["file"]]

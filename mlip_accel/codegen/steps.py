@@ -125,8 +125,9 @@ def layout_shape(arg: Argument, widths: dict) -> tuple:
 
 def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
     """The launch sequence of a tensor-product-family module ``gm`` (``.spec``, ``.programs``, ``.walk_plan``,
-    ``.fixup_plan``, ``.acc_width``) with edges per warp given by the expression ``edges_per_warp``
-    of the scalars ``num_edges`` and ``nodes``."""
+    ``.fixup_plan``, ``.acc_width``, and where grad y is summed in place ``.y_blocks``) with edges per warp given by
+    the expression ``edges_per_warp`` of the scalars ``num_edges`` and ``nodes``."""
+    y_blocks = getattr(gm, "y_blocks", ())
     p, dtype = gm.spec.problem, gm.spec.dtype
     widths = {"D_IN1": p.dim_in1, "D_IN2": p.dim_in2, "D_OUT": p.dim_out, "W_NUMEL": p.weight_numel,
               "D_ACC": gm.acc_width}
@@ -141,6 +142,9 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
     tensors, buffers, before, after, bind = [], [], [], [], {}
     for a in walk_plan.arguments:
         if not a.is_pointer:
+            if a.name == "y_block":  # grad y summed in place: bound per launch below (gm.y_blocks)
+                bind[a.name] = 0
+                continue
             if a.name not in scalar_names:
                 raise ValueError(f"{walk_plan.kernel}: no rule gives scalar argument {a.name}")
             bind[a.name] = a.name
@@ -184,8 +188,14 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
                                                            ("count", ("*",) + rest), ("parts", parts))))
             bind[a.name] = f"{a.name}_partials"
     steps = list(before)
+    walk_index = 0
     for program in gm.programs:  # the walk (every part takes the whole walk's arguments), then its fixup
         for plan in program.plans:
+            if plan is not fixup_plan and y_blocks:  # in place: one launch per y-block, zeroing before the first
+                for n, block in enumerate(y_blocks[walk_index]):
+                    steps.append(Step(program.name, plan, tuple({**bind, "y_block": block}.items()), zero=n == 0))
+                walk_index += 1
+                continue
             if plan is not fixup_plan:
                 steps.append(Step(program.name, plan, tuple(bind.items())))
                 continue

@@ -53,6 +53,12 @@ FAMILY = "tensor_product"
 # than FORWARD_WARPS warps; every other walk takes 32.
 MIN_EDGES_PER_WARP = 32
 MAX_EDGES_PER_WARP = 4096
+# KernelSpec.grad_y_sum's modes and their kernel-name suffixes. Stacked: the shared buffer holds every y-block's grad y
+# of one warp's edges, at most MIN_EDGES_PER_WARP of them (the walks by sender's; the plan's grid rule refuses more).
+GRAD_Y_SUMS = {"partials": "", "stacked": "_stk", "in_place": "_inp"}
+STACK_EDGES = MIN_EDGES_PER_WARP
+STACK_SHARED_BYTES = 48 * 1024  # static shared memory of one block
+STACK_MAX_BLOCKS = 1024 // 32  # warps of one CUDA block
 # Above this many warps the forward's fixup buffer (one output row per warp, as large as the output itself at
 # the mean degree: 164 MB for MACE-MP-0 medium at 8000 atoms, the ASE call's peak) stops growing: each warp takes
 # more edges instead. 4096 warps are still ~2.6 waves of the walk on a 132-SM H100/H200 at 12 resident warps per
@@ -93,6 +99,13 @@ class KernelSpec:
     # prefetch hints (codegen/prefetch.py): each edge hints the lines of the next edge's weight, y and gathered node
     # rows into this cache level ("L1" or "L2") while it computes; "" none. Values are unchanged (hints only).
     prefetch: str = ""
+    # how a walk with several y-blocks (phases, or phases and chunks) writing grad y sums their parts of it, always in
+    # block order (the same bits): "partials" one [blocks, num_edges, D_IN2] buffer, summed by a step after the walk;
+    # "stacked" the y-blocks as the warps of one CUDA block over the same edges, summed in shared memory and written
+    # once; "in_place" the walk launched once per y-block (scalar y_block), the first storing grad y, each later one
+    # adding its part to it. The last two allocate no partials. A request: generate() applies it where it fits
+    # (:func:`grad_y_sum_applies`), else sums partials.
+    grad_y_sum: str = "partials"
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -107,6 +120,8 @@ class KernelSpec:
             raise ValueError("a tabulated walk is a convolution's forward or backward with per-edge weights")
         if isinstance(self.split_bytes, bool) or not isinstance(self.split_bytes, int) or self.split_bytes < 0:
             raise ValueError(f"split_bytes must be an integer >= 0 (0: one program), got {self.split_bytes!r}")
+        if self.grad_y_sum not in GRAD_Y_SUMS:
+            raise ValueError(f"grad_y_sum must be one of {tuple(GRAD_Y_SUMS)}, got {self.grad_y_sum!r}")
         if self.prefetch not in prefetch_hints.LEVELS:
             raise ValueError(f"prefetch must be one of {prefetch_hints.LEVELS}, got {self.prefetch!r}")
         check_harmonics(self.problem, self.harmonics)
@@ -158,7 +173,7 @@ class KernelSpec:
         sh = "" if self.harmonics is None else "_sh" + "".join(map(str, self.harmonics.ls)) + (
             ("n" if self.harmonics.normalize else "r") + self.harmonics.normalization[0])
         pf = f"_pf{self.prefetch[1]}" if self.prefetch else ""
-        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}_"
+        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}{GRAD_Y_SUMS[self.grad_y_sum]}_"
                 f"{'f32' if self.dtype == 'float32' else 'f64'}")
 
 
@@ -177,6 +192,9 @@ class GeneratedModule:
     schedule: Schedule
     acc_width: int  # columns of the accumulated rows (D_OUT forward, D_IN1 backward)
     gy_partials: int  # 0: no grad y; 1: written directly; >1: one partial per phase, summed afterwards
+    # grad y summed in place (KernelSpec.grad_y_sum): per walk plan in launch order, the y-blocks it is launched
+    # with, one launch each in this order (the scalar y_block); empty: each walk plan launched once
+    y_blocks: tuple[tuple[int, ...], ...] = ()
 
     @property
     def source(self) -> str:
@@ -310,8 +328,9 @@ def _used_y(problem: TPProblem, paths) -> list[int]:
     return sorted(used)
 
 
-def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str) -> None:
-    """Sum each of ``values`` over the warp and store sum j at ``store_base[j]``.
+def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str, adds: str | None = None) -> None:
+    """Sum each of ``values`` over the warp and store sum j at ``store_base[j]`` (where the condition ``adds``
+    holds: add it to what is there, which is the ordered sum's next step).
 
     A reduce-scatter: at each xor-mask step a lane sends half of its values to its partner and keeps
     the other half plus the partner's, so n values cost about n shuffles instead of 5n; once one value
@@ -343,7 +362,8 @@ def _emit_reduce_scatter(L: _Lines, values: list[str], store_base: str) -> None:
         L(f"const int j = {' + '.join(offset) or '0'};")
         L(f"T* gye = {store_base};")
         for i, name in enumerate(cur):
-            L(f"if (j + {i} < {len(values)}) gye[j + {i}] = {name};")
+            value = name if adds is None else f"{adds} ? gye[j + {i}] + {name} : {name}"
+            L(f"if (j + {i} < {len(values)}) gye[j + {i}] = {value};")
 
 
 # --- the phases ------------------------------------------------------------------------------------------
@@ -429,8 +449,16 @@ class _PhaseEmitter:
         name, width = ("gy_out", "D_IN2") if self.spec.harmonics is None else ("gv_out", "3")
         if not self.multi_phase:
             return f"{name} + e * {width}"
+        if self.spec.grad_y_sum == "stacked":  # this warp's row of the block's shared buffer (templates/walk.cu)
+            return f"gy_stack + ((long long)by * STACK_EDGES + (qb + b - q0)) * GY_WIDTH"
+        if self.spec.grad_y_sum == "in_place":  # added to by every y-block after the first (gy_adds)
+            return f"{name} + e * {width}"
         block = "(long long)by" if self.spec.chunk_loops else f"{self.index}LL"
         return f"{name} + {block} * num_edges * {width} + e * {width}"
+
+    def gy_adds(self) -> str | None:
+        """The condition under which this block adds its grad y to what the earlier y-blocks stored (in place)."""
+        return "by != 0" if self.multi_phase and self.spec.grad_y_sum == "in_place" else None
 
     def segment(self, irrep: int, chunk: int):
         n = self.seg_index[(irrep, chunk)]
@@ -603,9 +631,9 @@ class _PhaseEmitter:
             for line in spherical_harmonics.inline_gradient(self.spec.harmonics, self.spec.dtype,
                                                             {j: f"gy{j}" for j in range(self.p.dim_in2)}):
                 L(line)
-            _emit_reduce_scatter(L, ["gvx", "gvy", "gvz"], self.gy_base())
+            _emit_reduce_scatter(L, ["gvx", "gvy", "gvz"], self.gy_base(), self.gy_adds())
         elif need_y:
-            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base(), self.gy_adds())
         if need_w and tab:
             L("// the lengths' gradient: a warp sum (fixed order), d/dt -> d/dr; zero beyond r_max (constant there)")
             L("for (int m = 16; m > 0; m >>= 1) gr_sum += __shfl_xor_sync(FULL_MASK, gr_sum, m);")
@@ -753,7 +781,7 @@ class _PhaseEmitter:
                             for line in nonzeros.emit_gy(path, _gy_name(self.p, path, v), self.spec.dtype):
                                 L(line)
         if write_y:
-            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base())
+            _emit_reduce_scatter(L, [f"gy{j}" for j in range(self.p.dim_in2)], self.gy_base(), self.gy_adds())
 
     # --- prefetch hints (KernelSpec.prefetch): the element ranges of the next edge's rows this phase reads
     def _chunk_run(self, row: str, start: int, seg, width: int) -> prefetch_hints.Run:
@@ -986,13 +1014,21 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         Argument("num_edges", "long long", "scalar"),
         Argument("edges_per_warp", "int", "scalar"),
         *((Argument("intervals", "long long", "scalar"),) if spec.tabulated else ()),
+        # in place: the y-block of this launch (one launch per y-block, in order)
+        *((Argument("y_block", "int", "scalar"),) if spec.grad_y_sum == "in_place" else ()),
     )
-    grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=WARP, block_threads=BLOCK_THREADS,
-                    grid_y=num_phases)
+    if spec.grad_y_sum == "stacked":  # one block per warp's edges, its warps the y-blocks
+        threads = WARP * num_phases
+        grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=threads, block_threads=threads,
+                        per_max=STACK_EDGES)
+    else:
+        threads = BLOCK_THREADS
+        grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=WARP, block_threads=threads,
+                        grid_y=1 if spec.grad_y_sum == "in_place" else num_phases)
     zero = ("acc_out",) if conv and spec.accumulates else ()  # rows without edges stay zero; atomics add
     return LaunchPlan(family=FAMILY, kernel=spec.name, arguments=args, grid=grid, zero_outputs=zero,
-                      tuning=(("accumulators_per_lane", spec.budget), ("block_threads", BLOCK_THREADS),
-                              ("phases", num_phases)))
+                      tuning=(("accumulators_per_lane", spec.budget), ("block_threads", threads),
+                              ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum)))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:
@@ -1046,6 +1082,40 @@ def split_parts(sizes: list[int], limit: int) -> list[tuple[int, int]]:
     return groups[::-1]
 
 
+def grad_y_sum_applies(spec: KernelSpec, blocks: int, programs: int) -> bool:
+    """Whether ``spec.grad_y_sum`` applies to a walk of ``blocks`` y-blocks in ``programs`` programs: more than one
+    y-block writing grad y, no table (its lengths' gradient keeps per-block partials) and no harmonics in the walk
+    (only the tabulated walks have them); stacked also needs one program (split parts are launched one after
+    another) and the warps and the shared buffer within one block's limits."""
+    if spec.grad_y_sum == "partials" or not (blocks > 1 and spec.writes[1] and not spec.tabulated
+                                             and spec.harmonics is None):
+        return False
+    if spec.grad_y_sum == "in_place":
+        return True
+    shared = blocks * STACK_EDGES * spec.problem.dim_in2 * (4 if spec.dtype == "float32" else 8)
+    return blocks <= STACK_MAX_BLOCKS and programs == 1 and shared <= STACK_SHARED_BYTES
+
+
+def _stack_source(spec: KernelSpec, blocks: int) -> tuple[str, str]:
+    """The stacked walk's shared buffer and its ordered sum after the phases (templates/walk.cu)."""
+    name, width = ("gy_out", spec.problem.dim_in2) if spec.harmonics is None else ("gv_out", 3)
+    order = "order[qn]" if spec.variant == "det" and spec.accumulates else "qn"
+    decl = (f"#define STACK_EDGES {STACK_EDGES}\n#define GY_WIDTH {width}\n"
+            f"  // grad y of this block's edges from each of its {blocks} warps (the walk's y-blocks), summed below\n"
+            f"  __shared__ T gy_stack[{blocks} * STACK_EDGES * GY_WIDTH];")
+    total = "\n".join((
+        "  // the warps' partials of each edge's grad y summed in block order (as the ordered-sum step sums",
+        "  // per-block partials: the same bits), written once",
+        "  __syncthreads();",
+        "  for (int i = threadIdx.x; i < (int)(q1 - q0) * GY_WIDTH; i += blockDim.x) {",
+        "    const long long qn = q0 + i / GY_WIDTH;",
+        "    T acc = gy_stack[i];",
+        f"    for (int c = 1; c < {blocks}; ++c) acc += gy_stack[c * STACK_EDGES * GY_WIDTH + i];",
+        f"    {name}[({order}) * GY_WIDTH + i % GY_WIDTH] = acc;",
+        "  }"))
+    return decl, total
+
+
 def generate(spec: KernelSpec) -> GeneratedModule:
     reason = unsupported_reason(spec.problem)
     if reason is not None:
@@ -1054,9 +1124,14 @@ def generate(spec: KernelSpec) -> GeneratedModule:
     schedule = schedule_for(spec)
     per_phase = chunk_blocks(spec, schedule)  # along y: one block per phase, or per phase and chunk
     blocks = sum(per_phase)
-    gy_partials = blocks if spec.writes[1] else 0
-    walk = walk_plan(spec, blocks, gy_partials)
+    requested, spec = spec, dataclasses.replace(spec, grad_y_sum="partials")
     phases = [_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases))]
+    groups = split_parts([len(text) for text in phases], spec.split_bytes)
+    if grad_y_sum_applies(requested, blocks, len(groups)):
+        spec = requested
+        phases = [_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases))]
+    gy_partials = (blocks if spec.grad_y_sum == "partials" else 1) if spec.writes[1] else 0
+    walk = walk_plan(spec, blocks, gy_partials)
     prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
     if spec.tabulated:
         prelude += "\n" + tabulated_weights_source(spec.dtype)
@@ -1071,15 +1146,33 @@ def generate(spec: KernelSpec) -> GeneratedModule:
                 f", given {named('gg', spec.need)}" if spec.double else f", grads of {named('', spec.need)}")
              + (", weights from a radial table by edge length (grad w: the lengths' gradient)"
                 if spec.tabulated else ""))
-    groups = split_parts([len(text) for text in phases], spec.split_bytes)
+    stack_decl, stack_sum = _stack_source(spec, blocks) if spec.grad_y_sum == "stacked" else ("", "")
 
     def walk_source(plan: LaunchPlan, first: int, end: int, what: str) -> str:
+        first_block = sum(per_phase[:first])
+        if spec.grad_y_sum == "stacked":
+            locate = ("  const long long warp = blockIdx.x;  // one warp's edges per block: its warps are the y-blocks\n"
+                      "  const int by = (int)(threadIdx.x >> 5);")
+            rows = (f"threadIdx.x / 32: the {blocks} y-blocks stacked as the warps of one block of {WARP * blocks} "
+                    "threads (KernelSpec.grad_y_sum 'stacked')")
+        elif spec.grad_y_sum == "in_place":
+            locate = ("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;\n"
+                      "  const int by = y_block;")
+            rows = (f"the scalar y_block: launched once per y-block {first_block}..{sum(per_phase[:end]) - 1} in "
+                    "order, each after the first adding its grad y to the earlier ones' (KernelSpec.grad_y_sum "
+                    "'in_place')")
+        else:
+            locate = ("  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;\n"
+                      f"  const int by = (int)blockIdx.y + {first_block};")
+            rows = (f"blockIdx.y + {first_block} (a walk split into programs, KernelSpec.split_bytes, launches each "
+                    "with its own phases' rows)")
         return _template("walk.cu").substitute(
             title=title + what, problem=p.describe(),
             schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
             prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
-            d_acc=acc_width, flush_mode=flush_mode, block_threads=BLOCK_THREADS, kernel=plan.kernel,
-            parameters=plan.parameters(), first_block=sum(per_phase[:first]), phases="\n".join(phases[first:end]))
+            d_acc=acc_width, flush_mode=flush_mode, block_threads=plan.grid.block_threads, kernel=plan.kernel,
+            parameters=plan.parameters(), block_rows=rows, locate=locate, stack_decl=stack_decl,
+            stack_sum=stack_sum, phases="\n".join(phases[first:end]))
     fixup = fixup_plan(spec) if spec.variant == "det" and spec.accumulates else None
     fixup_source = "" if fixup is None else _template("fixup.cu").substitute(kernel=fixup.kernel,
                                                                               parameters=fixup.parameters())
@@ -1092,7 +1185,8 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         for i, (first, end) in enumerate(groups):
             rows = sum(per_phase[first:end])
             part = dataclasses.replace(
-                walk, kernel=f"{walk.kernel}_p{i}", grid=dataclasses.replace(walk.grid, grid_y=rows),
+                walk, kernel=f"{walk.kernel}_p{i}",
+                grid=dataclasses.replace(walk.grid, grid_y=1 if spec.grad_y_sum == "in_place" else rows),
                 zero_outputs=walk.zero_outputs if i == 0 else (),  # zeroed once, before the first part
                 tuning=walk.tuning + (("part", f"{i + 1} of {len(groups)}: phases {first}-{end - 1}"),))
             what = f" (part {i + 1} of {len(groups)}: phases {first}-{end - 1} of {len(phases)})"
@@ -1101,5 +1195,7 @@ def generate(spec: KernelSpec) -> GeneratedModule:
             source = f"// The fixup of {walk.kernel}'s parts\n{prelude}\n{fixup_source}"
             programs.append(Program(fixup.kernel, source, (fixup,)))
         programs = tuple(programs)
+    y_blocks = tuple(tuple(range(sum(per_phase[:first]), sum(per_phase[:end]))) for first, end in groups) \
+        if spec.grad_y_sum == "in_place" else ()
     return GeneratedModule(spec=spec, programs=programs, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
-                           acc_width=acc_width, gy_partials=gy_partials)
+                           acc_width=acc_width, gy_partials=gy_partials, y_blocks=y_blocks)

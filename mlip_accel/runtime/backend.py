@@ -23,7 +23,7 @@ from ..codegen.tensor_product import check_harmonics
 from ..problem import TPProblem
 from .kernels import module_for  # noqa: F401  (public: scripts and tests look at generated modules)
 from .sequence import once_per_tensor, prepare, run
-from .tuning import (accumulator_budget, budget_for, chunk_loops, edges_per_warp, prefetch,  # noqa: F401
+from .tuning import (accumulator_budget, budget_for, chunk_loops, edges_per_warp, grad_y_sum, prefetch,  # noqa: F401
                      scalar_overrides, split_walks)  # (public test overrides)
 from .validation import DTYPES, check_conv, check_conv_double, check_one_device, check_table, check_tp
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
-from .tuning import budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, split_bytes
+from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, split_bytes,
+                     grad_y_sum_mode)
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -25,10 +26,11 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
     split = split_bytes(direction)
     hints = prefetch_level(direction, problem, variant, tabulated, harmonics is not None)
+    gy_sum = grad_y_sum_mode(variant, direction, dtype, problem)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn, harmonics, split, hints)
+           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum)
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
-                                                 tabulated, gz_e3nn, harmonics, split, hints))
+                                                 tabulated, gz_e3nn, harmonics, split, hints, gy_sum))
     return gm

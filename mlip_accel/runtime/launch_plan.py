@@ -78,11 +78,12 @@ def kernel_arguments(plan: LaunchPlan, values: dict) -> list[int]:
     return args
 
 
-def launch(program, plan: LaunchPlan, values: dict, device: torch.device) -> None:
+def launch(program, plan: LaunchPlan, values: dict, device: torch.device, zero: bool = True) -> None:
     """One launch of ``plan``'s kernel (defined in ``program.source``) with the named ``values`` on ``device``;
-    nothing is launched for zero work items (the zeroed outputs are zeroed all the same)."""
+    nothing is launched for zero work items (the zeroed outputs are zeroed all the same, unless ``zero`` is False:
+    a sequence step that adds to what an earlier launch wrote, codegen.sequence.Step.zero)."""
     args = kernel_arguments(plan, values)
-    for name in plan.zero_outputs:
+    for name in plan.zero_outputs if zero else ():
         values[name].zero_()
     if int(values[plan.grid.items]) == 0:
         return

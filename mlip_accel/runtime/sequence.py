@@ -75,7 +75,7 @@ class _Prepared:
             bind = dict(step.bind)
             args = step.plan.arguments
             self.steps.append((
-                seq.program(step.program), step.plan, step.reusable,
+                seq.program(step.program), step.plan, step.reusable, step.zero,
                 tuple((a.name, bind[a.name]) for a in args if not a.is_pointer),
                 tuple((a.name, bind[a.name]) for a in args if a.is_pointer and bind[a.name] is not None),
                 tuple(bind[a.name] for a in args if a.is_pointer and a.role == "input" and bind[a.name]),
@@ -127,7 +127,7 @@ def run(seq: LaunchSequence, tensors: dict, scalars: dict, device: torch.device,
         if values[t.name] is None:
             values[t.name] = _allocate(t.shape, t.dtype, False, svals, like)
     done = _DONE.get()
-    for program, plan, reusable, scalar_args, pointer_args, ins, outs in prep.steps:
+    for program, plan, reusable, zero, scalar_args, pointer_args, ins, outs in prep.steps:
         key = None
         if reusable and done is not None:
             inputs = tuple(values[n] for n in ins)
@@ -143,7 +143,7 @@ def run(seq: LaunchSequence, tensors: dict, scalars: dict, device: torch.device,
                 b = prep.buffers[bound]
                 t = values[bound] = _allocate(b.shape, b.dtype, b.zero, svals, like)
             args[name] = t
-        launch(program, plan, args, device)
+        launch(program, plan, args, device, zero)
         if key is not None:
             done[key] = (inputs, [values[n] for n in outs])
     return {t.name: values[t.name] for t in seq.outputs}

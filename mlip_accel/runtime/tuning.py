@@ -261,6 +261,55 @@ def prefetch(level: str, directions=None):
     return _pushed(_PREFETCH_OVERRIDE, (level, None if directions is None else tuple(directions)))
 
 
+# How a walk with several y-blocks writing grad y sums their parts of it (codegen KernelSpec.grad_y_sum): "partials"
+# (one [blocks, num_edges, D_IN2] buffer summed after the walk: MACE-MP-0-medium's fp32 backward at 8000 atoms, 323
+# MB of its 527 MB of scratch), "stacked" (the y-blocks as the warps of one block, summed in shared memory) or
+# "in_place" (one launch per y-block, each adding to grad y). The same bits every way. Measured on two H200 hosts
+# (benchmarks/stacked_blocks_20th.md, walk_ab carbon-1k and carbon-8k): stacked ran mace-medium's fp32 backward
+# 0.91-0.97x the time of the partials (four runs), but lost where grad_z's rows are wider (mace-medium fp64 1.01-1.06x,
+# mace-large fp32 1.10x, fp64 1.20-1.22x) and in the double backward (mace-medium fp32, three unrolled phases,
+# 1.04-1.09x): the y-blocks' separate sweeps over the edges each read a share of every row, which the stacked warps
+# read at once, so the rows in flight grow with the y-blocks. So stacked where the gathered grad_z row (D_OUT in the
+# walk's dtype) is at most :data:`STACK_MAX_GZ_ROW` bytes, in the looped backward (every input irrep >= 128 channels:
+# :data:`LOOPS_MIN_CHANNELS`). In place lost 5-15 % at carbon-1k (a launch and a tail per y-block) and ran 0.98-1.01x
+# at carbon-8k: an option for memory, not a default. $MLIP_ACCEL_GRAD_Y_SUM sets the mode of every walk.
+GRAD_Y_SUM = {("backward", "float32"): "stacked"}
+STACK_MAX_GZ_ROW = 16 * 1024
+_GRAD_Y_SUM_OVERRIDE: list[str] = []
+
+
+def grad_y_sum_mode(variant: str = "det", direction: str | None = None, dtype: str | None = None,
+                    problem=None) -> str:
+    """How a walk asks to sum grad y over its y-blocks (generate() applies it where it fits, else sums partials): a
+    test or benchmark override, else ``$MLIP_ACCEL_GRAD_Y_SUM``, else the measured rule (:data:`GRAD_Y_SUM` for the
+    convolution's walks of a problem with every input irrep >= :data:`LOOPS_MIN_CHANNELS` channels whose grad_z row
+    is at most :data:`STACK_MAX_GZ_ROW` bytes; the batched tensor product's were not measured), else partials."""
+    from ..codegen.tensor_product import GRAD_Y_SUMS
+
+    if _GRAD_Y_SUM_OVERRIDE:
+        return _GRAD_Y_SUM_OVERRIDE[-1]
+    env = os.environ.get("MLIP_ACCEL_GRAD_Y_SUM", "").strip()
+    if env:
+        if env not in GRAD_Y_SUMS:
+            raise ValueError(f"MLIP_ACCEL_GRAD_Y_SUM={env!r}: expected one of {', '.join(GRAD_Y_SUMS)}")
+        return env
+    mode = GRAD_Y_SUM.get((direction, dtype), "partials")
+    if mode == "partials" or variant == "tp" or problem is None or not _channels_at_least(problem, LOOPS_MIN_CHANNELS):
+        return "partials"
+    row = problem.dim_out * (4 if dtype == "float32" else 8)
+    return mode if row <= STACK_MAX_GZ_ROW else "partials"
+
+
+def grad_y_sum(mode: str):
+    """Generate the walks summing grad y over their y-blocks this way ("partials", "stacked", "in_place") inside
+    the block."""
+    from ..codegen.tensor_product import GRAD_Y_SUMS
+
+    if mode not in GRAD_Y_SUMS:
+        raise ValueError(f"grad_y_sum mode must be one of {tuple(GRAD_Y_SUMS)}, got {mode!r}")
+    return _pushed(_GRAD_Y_SUM_OVERRIDE, mode)
+
+
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
     """Override the accumulator budget of each direction (every dtype) inside the block: ``forward`` for the

@@ -18,19 +18,19 @@ ${prelude}
 //   atomic  atomicAdd at every flush (no sort needed).
 //   tp      every edge is its own row (batched tensor product): plain store.
 // Per-edge outputs (grad y, grad w) are written directly. The parameter list is written from the launch
-// plan (codegen/generator.walk_plan), which launchers execute. Block row `by` (blockIdx.y + ${first_block}) selects
-// the phase of the schedule: a walk split into programs (KernelSpec.split_bytes) launches each with its own phases'
-// rows. Flush mode here: ${flush_mode}.
+// plan (codegen/generator.walk_plan), which launchers execute. Block row `by` selects the phase of the schedule (and
+// with chunk loops the chunk): ${block_rows}. Flush mode here: ${flush_mode}.
 extern "C" __global__ void __launch_bounds__(${block_threads}) ${kernel}(
     ${parameters})
 {
   const int lane = threadIdx.x & 31;
-  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+${locate}
   const long long q0 = warp * edges_per_warp;
   if (q0 >= num_edges) return;  // whole warps leave together: the shuffles below see full warps
   const long long q1 = q0 + edges_per_warp < num_edges ? q0 + edges_per_warp : num_edges;
-  const int by = (int)blockIdx.y + ${first_block};
+${stack_decl}
   switch (by) {
 ${phases}
   }
+${stack_sum}
 }
