@@ -1097,10 +1097,10 @@ def grad_y_sum_applies(spec: KernelSpec, blocks: int, programs: int) -> bool:
 
 
 def _stack_source(spec: KernelSpec, blocks: int) -> tuple[str, str]:
-    """The stacked walk's shared buffer and its ordered sum after the phases (templates/walk.cu)."""
-    name, width = ("gy_out", spec.problem.dim_in2) if spec.harmonics is None else ("gv_out", 3)
+    """The stacked walk's shared buffer and its ordered sum after the phases (templates/walk.cu): grad y's
+    ``D_IN2`` columns (a walk with the harmonics in it is never stacked: :func:`grad_y_sum_applies`)."""
     order = "order[qn]" if spec.variant == "det" and spec.accumulates else "qn"
-    decl = (f"#define STACK_EDGES {STACK_EDGES}\n#define GY_WIDTH {width}\n"
+    decl = (f"#define STACK_EDGES {STACK_EDGES}\n#define GY_WIDTH D_IN2\n"
             f"  // grad y of this block's edges from each of its {blocks} warps (the walk's y-blocks), summed below\n"
             f"  __shared__ T gy_stack[{blocks} * STACK_EDGES * GY_WIDTH];")
     total = "\n".join((
@@ -1111,7 +1111,7 @@ def _stack_source(spec: KernelSpec, blocks: int) -> tuple[str, str]:
         "    const long long qn = q0 + i / GY_WIDTH;",
         "    T acc = gy_stack[i];",
         f"    for (int c = 1; c < {blocks}; ++c) acc += gy_stack[c * STACK_EDGES * GY_WIDTH + i];",
-        f"    {name}[({order}) * GY_WIDTH + i % GY_WIDTH] = acc;",
+        f"    gy_out[({order}) * GY_WIDTH + i % GY_WIDTH] = acc;",
         "  }"))
     return decl, total
 
