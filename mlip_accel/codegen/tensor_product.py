@@ -1092,7 +1092,7 @@ def grad_y_sum_applies(spec: KernelSpec, blocks: int, programs: int) -> bool:
         return False
     if spec.grad_y_sum == "in_place":
         return True
-    shared = blocks * STACK_EDGES * spec.problem.dim_in2 * (4 if spec.dtype == "float32" else 8)
+    shared = blocks * STACK_EDGES * spec.problem.dim_in2 * prefetch_hints.ELEMENT_BYTES[spec.dtype]
     return blocks <= STACK_MAX_BLOCKS and programs == 1 and shared <= STACK_SHARED_BYTES
 
 

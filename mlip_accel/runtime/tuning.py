@@ -278,25 +278,34 @@ STACK_MAX_GZ_ROW = 16 * 1024
 _GRAD_Y_SUM_OVERRIDE: list[str] = []
 
 
+@functools.lru_cache(maxsize=None)
+def _env_grad_y_sum() -> str | None:
+    """``$MLIP_ACCEL_GRAD_Y_SUM``, read at the first walk generated (as the other settings: not on every call)."""
+    from ..codegen.tensor_product import GRAD_Y_SUMS
+
+    value = os.environ.get("MLIP_ACCEL_GRAD_Y_SUM", "").strip()
+    if value and value not in GRAD_Y_SUMS:
+        raise ValueError(f"MLIP_ACCEL_GRAD_Y_SUM={value!r}: expected one of {', '.join(GRAD_Y_SUMS)}")
+    return value or None
+
+
 def grad_y_sum_mode(variant: str = "det", direction: str | None = None, dtype: str | None = None,
                     problem=None) -> str:
     """How a walk asks to sum grad y over its y-blocks (generate() applies it where it fits, else sums partials): a
     test or benchmark override, else ``$MLIP_ACCEL_GRAD_Y_SUM``, else the measured rule (:data:`GRAD_Y_SUM` for the
     convolution's walks of a problem with every input irrep >= :data:`LOOPS_MIN_CHANNELS` channels whose grad_z row
     is at most :data:`STACK_MAX_GZ_ROW` bytes; the batched tensor product's were not measured), else partials."""
-    from ..codegen.tensor_product import GRAD_Y_SUMS
+    from ..codegen.prefetch import ELEMENT_BYTES
 
     if _GRAD_Y_SUM_OVERRIDE:
         return _GRAD_Y_SUM_OVERRIDE[-1]
-    env = os.environ.get("MLIP_ACCEL_GRAD_Y_SUM", "").strip()
-    if env:
-        if env not in GRAD_Y_SUMS:
-            raise ValueError(f"MLIP_ACCEL_GRAD_Y_SUM={env!r}: expected one of {', '.join(GRAD_Y_SUMS)}")
+    env = _env_grad_y_sum()
+    if env is not None:
         return env
     mode = GRAD_Y_SUM.get((direction, dtype), "partials")
     if mode == "partials" or variant == "tp" or problem is None or not _channels_at_least(problem, LOOPS_MIN_CHANNELS):
         return "partials"
-    row = problem.dim_out * (4 if dtype == "float32" else 8)
+    row = problem.dim_out * ELEMENT_BYTES[dtype]
     return mode if row <= STACK_MAX_GZ_ROW else "partials"
 
 
