@@ -9,6 +9,8 @@ memory cache cleared before each compile, so every number is a cold compile.
 
 With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so);
 with MLIP_ACCEL_SPLIT_KB the walks split at that many kB of phase code (0: one program each; rows say ``split_kB``).
+A walk that runtime.occupancy bounds compiles twice (beside each other where threads are free), as at first use;
+MLIP_ACCEL_REGISTER_STEP=0 leaves that out.
 
 One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
 what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
@@ -29,6 +31,7 @@ import uuid
 os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # cold compiles only (read when compiling, set before any)
 
 from mlip_accel.runtime import backend, compiler, tuning  # noqa: E402
+from mlip_accel.runtime.executor import register_steps  # noqa: E402
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs  # noqa: E402
 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
@@ -106,7 +109,8 @@ def measure(args) -> None:
                     batch = [p for p in programs if p.name in names and p.name not in seen]
                     seen.update(names)
                     start = time.perf_counter()
-                    compiler.compile_many([p.source for p in batch], target, [f"{p.name}.cu" for p in batch], threads)
+                    compiler.compile_many([p.source for p in batch], target, [f"{p.name}.cu" for p in batch], threads,
+                                          steps=[register_steps(p) for p in batch])
                     row["by_direction_wall_s"][direction] = round(time.perf_counter() - start, 2)
                 row["threads"] = threads
                 print(json.dumps(row), flush=True)
@@ -117,7 +121,8 @@ def measure(args) -> None:
             for threads in map(int, args.threads.split(",")):
                 compiler.clear_memory_cache()
                 start = time.perf_counter()
-                results = compiler.compile_many(sources, target, [f"{p.name}.cu" for p in programs], threads)
+                results = compiler.compile_many(sources, target, [f"{p.name}.cu" for p in programs], threads,
+                                                steps=[register_steps(p) for p in programs])
                 row["wall_s"][threads] = round(time.perf_counter() - start, 2)
                 if threads == 1:
                     row["program_s"] = {p.name: round(r[1], 2) for p, r in zip(programs, results)}

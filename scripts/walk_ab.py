@@ -1,5 +1,7 @@
 """Run time of the convolution walks under two or more code-generation settings, in one process (issue 15): split
-walks against one program per walk (``--what split``: KernelSpec.split_bytes), prefetch hints against none
+walks against one program per walk (``--what split``: KernelSpec.split_bytes), walks just above a register step of
+occupancy compiled again bounded or not, whole or split (``--what occupancy``: runtime.occupancy), prefetch hints
+against none
 (``--what prefetch``: KernelSpec.prefetch, levels L2 and L1), or the chunk-loops rule against every walk unrolled and
 every walk looped (``--what loops``: KernelSpec.chunk_loops), or the walks by sender reading grad_z gathered against in
 e3nn's columns (``--what gz``: KernelSpec.gz_e3nn), or the walks' grad y summed from per-block partials against
@@ -31,7 +33,7 @@ from kernel_timing import graph_case, random_case  # this folder: the scripts ru
 from mlip_accel.graph import edge_orders
 from mlip_accel.ops import custom_ops  # noqa: F401
 from mlip_accel.problem import register_problem
-from mlip_accel.runtime import tuning
+from mlip_accel.runtime import compiler, occupancy, tuning
 from mlip_accel.runtime.kernels import module_for
 from mlip_accel.testing import dtype_of
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
@@ -45,6 +47,12 @@ def settings(what: str, limit: int) -> dict:
     """label -> a function returning the context manager of that setting; the first is the baseline."""
     if what == "split":
         return {"one": lambda: tuning.split_walks(0), "split": lambda: tuning.split_walks(limit)}
+    if what == "occupancy":  # walks a few registers above a step of blocks per SM compiled again bounded
+        # (runtime.occupancy) or not, also with every walk split at ``limit`` (the forward too)
+        return {"off": lambda: occupancy.register_step("off"), "rule": lambda: occupancy.register_step("rule"),
+                "force": lambda: occupancy.register_step("force"),  # every walk one block per SM above ptxas's
+                "split-off": lambda: _both(occupancy.register_step("off"), tuning.split_walks(limit)),
+                "split-rule": lambda: _both(occupancy.register_step("rule"), tuning.split_walks(limit))}
     if what == "gz":  # the walks by sender reading grad_z gathered (the rule) or in e3nn's columns (no gathered copy)
         return {"gathered": lambda: tuning.gz_e3nn(False, untabulated=True),
                 "e3nn": lambda: tuning.gz_e3nn(True, untabulated=True)}
@@ -60,12 +68,27 @@ def settings(what: str, limit: int) -> dict:
             "L2-dbw": lambda: tuning.prefetch("L2", ("forward", "backward", "double_backward"))}
 
 
+def _both(*contexts) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for c in contexts:
+        stack.enter_context(c)
+    return stack
+
+
+def bounds(gm) -> str:
+    """"/b<blocks>" for each walk program runtime.occupancy bounded (after the program compiled), "" for none."""
+    target = compiler.target_for(torch.cuda.get_device_capability())
+    found = [compiler.bound_of(p.source, target) for p in gm.programs]
+    return "".join(f"/b{b}" for b in found if b)
+
+
 def describe(problem, dt: str) -> dict:
-    """What the current setting generates per direction: walk programs, and the hint level."""
+    """What the current setting generates per direction: walk programs, and the hint level (after a first run: the
+    register-step bounds too)."""
     mods = {d: module_for(problem, dt, d, "det") for d in DIRECTIONS}
     return {d: f"{len(gm.walk_plans)}{'/' + gm.spec.prefetch if gm.spec.prefetch else ''}"
                f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}"
-            f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}"
+            f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}{bounds(gm)}"
             for d, gm in mods.items()}
 
 
@@ -98,7 +121,7 @@ def flat(outs) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--what", choices=("split", "prefetch", "loops", "gz", "gysum"), default="split")
+    parser.add_argument("--what", choices=("split", "occupancy", "prefetch", "loops", "gz", "gysum"), default="split")
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")
@@ -135,8 +158,8 @@ def main() -> None:
             generated, outputs = {}, {}
             for label, setting in chosen.items():
                 with setting():
-                    generated[label] = describe(problem, dt)
                     outputs[label] = flat([fn() for fn in fns.values()])  # compiles; kept to compare
+                    generated[label] = describe(problem, dt)
             same = {label: all(torch.equal(a, b) for a, b in zip(outputs[labels[0]], outputs[label]))
                     for label in labels[1:]}
             del outputs

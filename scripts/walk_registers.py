@@ -1,6 +1,6 @@
 """Registers and spills of the convolution walks, from ptxas's report through NVRTC (no GPU needed): for each bench
 problem, dtype and direction (deterministic), each walk program's registers per thread and spill stores, under each
-setting of walk_ab.py (``--what prefetch|loops|gz|split``). Registers bound the blocks per SM (65536 / (128 x
+setting of walk_ab.py (``--what prefetch|loops|gz|split|occupancy``). Registers bound the blocks per SM (65536 / (128 x
 registers) with 128-thread blocks): the number to look at before a device A/B, e.g. prefetch hints took mace-medium's
 fp32 backward from 72 to 80 registers, 7 to 6 blocks per SM (Nsight Compute agreed, benchmarks/prefetch_hints.md).
 
@@ -13,7 +13,8 @@ import argparse
 import re
 
 from walk_ab import DIRECTIONS, settings  # this folder: the scripts run as python3 scripts/<name>.py
-from mlip_accel.runtime import compiler
+from mlip_accel.runtime import compiler, occupancy
+from mlip_accel.runtime.executor import register_steps
 from mlip_accel.runtime.kernels import module_for
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
 
@@ -21,13 +22,13 @@ REGISTER_FILE = 65536
 BLOCK_THREADS = 128
 
 
-def ptxas_report(source: str, name: str, arch: str) -> list[tuple[str, int, int]]:
+def ptxas_report(source: str, name: str, arch: str, options=()) -> list[tuple[str, int, int]]:
     """(kernel, registers, spill-store bytes) of every kernel of ``source`` but the fixups, from ptxas -v."""
     from cupy_backends.cuda.libs import nvrtc
 
     prog = nvrtc.createProgram(source, name, [], [])
     try:
-        nvrtc.compileProgram(prog, [*compiler.BASE_OPTIONS, f"-arch={arch}", "-Xptxas=-v"])
+        nvrtc.compileProgram(prog, [*compiler.BASE_OPTIONS, *options, f"-arch={arch}", "-Xptxas=-v"])
         log = nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
@@ -41,9 +42,20 @@ def ptxas_report(source: str, name: str, arch: str) -> list[tuple[str, int, int]
     return out
 
 
+def chosen_options(program, arch: str) -> tuple[str, ...]:
+    """The bound runtime.occupancy adds to ``program``'s compile under the current setting (its first compile
+    tells), as NVRTC options."""
+    steps = register_steps(program)
+    if not steps:
+        return ()
+    blocks = occupancy.bound_for(compiler.compile_source(program.source, compiler.Target(f"-arch={arch}", "cubin")),
+                                 steps)
+    return (occupancy.option(blocks),) if blocks else ()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--what", choices=("split", "prefetch", "loops", "gz"), default="prefetch")
+    parser.add_argument("--what", choices=("split", "occupancy", "prefetch", "loops", "gz"), default="prefetch")
     parser.add_argument("--problems", default="mace-medium,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--arch", default="sm_90")
@@ -62,8 +74,9 @@ def main() -> None:
                 for setting in chosen.values():
                     with setting():
                         gm = module_for(problem, dtype, direction, "det")
-                    report = [r for p in gm.programs for r in ptxas_report(p.source, p.name, args.arch)]
-                    cells.append(", ".join(f"{regs} ({spill}) [{REGISTER_FILE // (BLOCK_THREADS * regs)}]"
+                        report = [r for p in gm.programs for r in ptxas_report(p.source, p.name, args.arch,
+                                                                                chosen_options(p, args.arch))]
+                    cells.append(", ".join(f"{regs} ({spill}) [{occupancy.blocks_per_sm(regs, BLOCK_THREADS)}]"
                                            for _, regs, spill in report))
                 lines.append(f"| {name} | {dtype} | {direction} | " + " | ".join(cells) + " |")
                 print(lines[-1], flush=True)

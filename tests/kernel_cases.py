@@ -74,3 +74,24 @@ def assert_gradients_match_reference(problem, outs, tensors, dtype, what: str, b
     for name, got, want in checks:
         for a, b in zip(got, want):
             assert rel_err(a, b) <= TOL[dtype], f"{what}: {name} {rel_err(a, b):.3g} > {TOL[dtype]:g}"
+
+
+def assert_setting_matches(name: str, dtype, kind: str, seed: int, baseline, setting, what: str,
+                           backward: bool = False, check=None):
+    """The GPU tests of a code-generation setting: bench problem ``name``'s convolution forward, backward and fused
+    double backward on a ``kind`` graph (outputs poisoned before launch) under the context ``setting()`` give
+    bitwise the outputs under ``baseline()`` and gradients within tolerance of the fp64 references (the backward's
+    too with ``backward``); ``check(problem)``, called inside the setting, may assert what it generated."""
+    from mlip_accel.runtime import debug
+
+    problem = bench_problem_named(name)
+    run, tensors = conv_all_directions(problem, 300, 5000, dtype, kind, seed, "cuda")
+    with debug.poison():
+        with baseline():
+            want = run()
+        with setting():
+            got = run()
+            if check is not None:
+                check(problem)
+    assert_same_outputs(got, want, f"{name} {what}")
+    assert_gradients_match_reference(problem, got, tensors, dtype, f"{name} {what}", backward=backward)

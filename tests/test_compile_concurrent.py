@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
 
 from mlip_accel.problem import channelwise_problem, describe  # noqa: E402
+from mlip_accel.codegen.sequence import Program  # noqa: E402
 from mlip_accel.runtime import backend, compiler, executor, precompile, sequence  # noqa: E402
 
 TARGET = compiler.Target("-arch=sm_80", "cubin")
@@ -122,7 +123,7 @@ def test_sequences_are_prepared_together_once_per_device():
 
 def test_precompile_writes_every_program_with_threads(cold, monkeypatch):
     sources = [KERNEL.format(name=f"k{i}", factor=f"{i}.0") for i in range(3)]
-    monkeypatch.setattr(precompile, "kernel_sources", lambda problems: sources)
+    monkeypatch.setattr(precompile, "kernel_programs", lambda problems: [Program(f"k{i}", s, ()) for i, s in enumerate(sources)])
     stats = precompile.precompile([None], TARGET, workers=2)
     assert (stats["modules"], stats["written"], stats["present"], stats["memory"]) == (3, 3, 0, 0)
     assert sorted(h for _, h in cold) == sorted(hashlib.sha256(s.encode()).hexdigest() for s in sources)

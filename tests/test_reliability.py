@@ -28,6 +28,7 @@ import torch
 import mlip_accel
 from helpers import e3nn_tp
 from mlip_accel import reference
+from mlip_accel.codegen.sequence import Program
 from mlip_accel.graph import EdgeGraph, EdgeSortCache, edge_orders, sort_edges
 from mlip_accel.problem.e3nn_compat import o3
 
@@ -525,7 +526,8 @@ def test_precompile_command_exits_nonzero_when_the_cache_dir_is_a_file(tmp_path)
 
 def test_precompile_says_how_many_modules_it_wrote(compiler, tmp_path, monkeypatch, capsys):
     from mlip_accel.runtime import precompile
-    monkeypatch.setattr(precompile, "kernel_sources", lambda problems: [SOURCE, SOURCE.replace("3.0f", "5.0f")])
+    monkeypatch.setattr(precompile, "kernel_programs", lambda problems: [Program("a", SOURCE, ()),
+                                                                          Program("b", SOURCE.replace("3.0f", "5.0f"), ())])
     monkeypatch.setattr(precompile, "channelwise_problem", lambda *a: (None, None, None))
     monkeypatch.setattr(precompile, "describe", lambda *a, **k: None)
     problems = tmp_path / "problems.json"

@@ -1028,7 +1028,9 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
     zero = ("acc_out",) if conv and spec.accumulates else ()  # rows without edges stay zero; atomics add
     return LaunchPlan(family=FAMILY, kernel=spec.name, arguments=args, grid=grid, zero_outputs=zero,
                       tuning=(("accumulators_per_lane", spec.budget), ("block_threads", threads),
-                              ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum)))
+                              ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum),
+                              # runtime.occupancy may compile it again bounded to a step of blocks per SM
+                              ("register_step", 1)))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:

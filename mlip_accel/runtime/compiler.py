@@ -37,6 +37,7 @@ import time
 import warnings
 from pathlib import Path
 
+from . import occupancy
 from .tuning import env_number
 
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
@@ -109,6 +110,8 @@ class CompileStats:
 
 
 STATS = CompileStats()
+# the blocks per SM runtime.occupancy bounded each stepped program to (0: none), by bound_of's key (diagnostics)
+BOUNDS: dict[str, int] = {}
 _STATS_LOCK = threading.Lock()  # compiles run in several threads (compile_many)
 _MEMORY: dict[str, bytes] = {}
 
@@ -183,15 +186,40 @@ def _read_entry(path: Path, kind: str) -> bytes | None:
     return image
 
 
-def compile_source(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=()) -> bytes:
-    """The compiled image (cubin or PTX bytes) of ``source``, from the caches when possible."""
-    return _cached_compile(source, target, name, extra_options)[0]
+def compile_source(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=(), steps=()) -> bytes:
+    """The compiled image (cubin or PTX bytes) of ``source``, from the caches when possible. ``steps``: the
+    (kernel, block threads) of its walks that runtime.occupancy may bound to a step of blocks per SM: when one
+    lands just above a step, the image is that of a second compile with the bound."""
+    return _stepped_compile(source, target, name, tuple(extra_options), tuple(steps))[0]
 
 
-def ensure_cached(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=()) -> str:
-    """Compile ``source`` into the disk cache unless a sound entry is there: "present", "written", or
-    "memory" (the cache is off or cannot be written; a warning said why)."""
-    return _cached_compile(source, target, name, extra_options, use_memory=False)[1]
+def ensure_cached(source: str, target: Target, name: str = "mlip_accel.cu", extra_options=(), steps=()) -> str:
+    """Compile ``source`` (and its bounded variant, as :func:`compile_source` would choose it) into the disk cache
+    unless sound entries are there: "present", "written", or "memory" (the cache is off or cannot be written; a
+    warning said why)."""
+    return _stepped_compile(source, target, name, tuple(extra_options), tuple(steps), use_memory=False)[1]
+
+
+def _stepped_compile(source: str, target: Target, name: str, extra_options: tuple, steps: tuple,
+                     use_memory: bool = True, speculated=None):
+    """(image, status) of ``source``, compiled again bounded when runtime.occupancy asks for it (``speculated``:
+    {blocks: a future of that bounded compile, started beside this one}). Status: the chosen image's."""
+    image, status = _cached_compile(source, target, name, extra_options, use_memory)
+    if steps and target.kind == "cubin":
+        blocks = occupancy.bound_for(image, steps)
+        BOUNDS[cache_key(source, (*extra_options, target.option, occupancy.setting()))] = blocks
+        if blocks:
+            future = (speculated or {}).get(blocks)
+            if future is not None:
+                return future.result()[:2]
+            return _cached_compile(source, target, name, (*extra_options, occupancy.option(blocks)), use_memory)
+    return image, status
+
+
+def bound_of(source: str, target: Target, extra_options=()) -> int | None:
+    """The blocks per SM a stepped program's image was bounded to under the current register-step setting (0: not
+    bounded), None when it has not been compiled so in this process (benchmarks print it)."""
+    return BOUNDS.get(cache_key(source, (*extra_options, target.option, occupancy.setting())))
 
 
 def clear_memory_cache() -> None:
@@ -221,23 +249,34 @@ def compile_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def compile_many(sources, target: Target, names=None, threads: int | None = None, to_disk_only: bool = False):
+def compile_many(sources, target: Target, names=None, threads: int | None = None, to_disk_only: bool = False,
+                 steps=None):
     """Compile several independent programs concurrently; [(result, seconds)] in the order of ``sources``:
     the image, as :func:`compile_source` returns it, or with ``to_disk_only`` the status
-    :func:`ensure_cached` returns. A source given twice is compiled once. Every program is attempted; when
-    some fail, the CompileError of the first failing one (in the given order, its message naming the
-    program) is raised, saying how many others failed too."""
+    :func:`ensure_cached` returns. ``steps``: per source, the walks runtime.occupancy may bound (as
+    :func:`compile_source` takes them); where threads are left over, the likely bounded compile of each such
+    source starts beside its first, so a walk that needs it waits for the slower of the two, not their sum. A
+    source given twice is compiled once. Every program is attempted; when some fail, the CompileError of the
+    first failing one (in the given order, its message naming the program) is raised, saying how many others
+    failed too."""
     sources = list(sources)
     names = list(names) if names is not None else ["mlip_accel.cu"] * len(sources)
+    steps_of = dict(zip(sources, [tuple(s) for s in steps] if steps is not None else [()] * len(sources)))
     unique = list(dict.fromkeys(sources))
     name_of = dict(zip(reversed(sources), reversed(names)))  # a repeated source keeps its first name
+    use_memory = not to_disk_only
+    stepped = [s for s in unique if steps_of[s] and target.kind == "cubin" and occupancy.setting() != "off"]
+    threads = threads or compile_threads()
+    speculate = threads >= len(unique) + len(stepped) and len(stepped) > 0
+    speculated: dict[str, dict] = {}
 
     def one(source):
         start = time.perf_counter()
-        result = _cached_compile(source, target, name_of[source], (), use_memory=not to_disk_only)
+        result = _stepped_compile(source, target, name_of[source], (), steps_of[source], use_memory,
+                                  speculated.get(source))
         return result[0 if not to_disk_only else 1], time.perf_counter() - start
 
-    threads = min(threads or compile_threads(), len(unique))
+    threads = min(threads, len(unique) + (len(stepped) if speculate else 0))
     if threads <= 1:
         outcomes = {}
         for source in unique:
@@ -247,6 +286,12 @@ def compile_many(sources, target: Target, names=None, threads: int | None = None
                 outcomes[source] = err
     else:
         with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="mlip_accel-nvrtc") as pool:
+            if speculate:
+                for source in stepped:
+                    blocks = occupancy.likely_bound(steps_of[source])
+                    if blocks:
+                        speculated[source] = {blocks: pool.submit(
+                            _cached_compile, source, target, name_of[source], (occupancy.option(blocks),), use_memory)}
             futures = {source: pool.submit(one, source) for source in unique}
             outcomes = {source: f.exception() or f.result() for source, f in futures.items()}
     failed = [outcomes[s] for s in unique if isinstance(outcomes[s], BaseException)]

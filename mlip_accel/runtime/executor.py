@@ -120,6 +120,13 @@ def program_name(program) -> str:
     return f"{program.plans[0].kernel}.cu"
 
 
+def register_steps(program) -> tuple[tuple[str, int], ...]:
+    """(kernel, block threads) of the kernels of ``program`` whose plans say runtime.occupancy may bound them (the
+    tensor-product walks: plan tuning ``register_step``)."""
+    return tuple((plan.kernel, plan.grid.block_threads) for plan in program.plans
+                 if dict(plan.tuning).get("register_step"))
+
+
 def compile_programs(programs, index: int) -> None:
     """Compile ``programs`` for cuda:``index``'s architecture concurrently (runtime.compiler.compile_many) into
     the in-memory cache, so that loading each of them later compiles nothing; a CompileError names the
@@ -127,16 +134,18 @@ def compile_programs(programs, index: int) -> None:
     programs = list(programs)
     if programs:
         target = compiler.target_for(torch.cuda.get_device_capability(index))
-        compiler.compile_many([p.source for p in programs], target, [program_name(p) for p in programs])
+        compiler.compile_many([p.source for p in programs], target, [program_name(p) for p in programs],
+                              steps=[register_steps(p) for p in programs])
 
 
-def load_functions(source: str, kernels, index: int, name: str = "mlip_accel.cu") -> dict[str, int]:
+def load_functions(source: str, kernels, index: int, name: str = "mlip_accel.cu", steps=()) -> dict[str, int]:
     """Compile ``source`` for cuda:``index``'s architecture (once per architecture: runtime.compiler's
-    memory and disk caches) and load it into that device's primary context; {kernel name: function}.
-    The handles are valid on that device only: callers key them by device index."""
+    memory and disk caches; ``steps`` as compiler.compile_source takes them) and load it into that device's
+    primary context; {kernel name: function}. The handles are valid on that device only: callers key them by
+    device index."""
     driver, _ = _driver_api()
     target = compiler.target_for(torch.cuda.get_device_capability(index))
-    image = compiler.compile_source(source, target, name=name)
+    image = compiler.compile_source(source, target, name=name, steps=steps)
     if target.kind == "ptx" and not image.endswith(b"\0"):
         image += b"\0"
     with torch.cuda.device(index):
@@ -187,7 +196,8 @@ class CudaExecutor:
                 func = self._functions.get(key)
                 if func is None:
                     names = [plan.kernel for plan in program.plans]
-                    loaded = load_functions(program.source, names, index, name=program_name(program))
+                    loaded = load_functions(program.source, names, index, name=program_name(program),
+                                            steps=register_steps(program))
                     self._programs.append((program, index))
                     for k, f in loaded.items():
                         self._functions[(index, id(program), k)] = f

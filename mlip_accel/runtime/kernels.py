@@ -1,9 +1,11 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
-budget, chunk loops, tabulated, grad_z's columns, harmonics, split, prefetch hints) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+budget, chunk loops, tabulated, grad_z's columns, harmonics, split, prefetch hints, grad y's sum, register-step
+setting) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
+from . import occupancy
 from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, split_bytes,
                      grad_y_sum_mode)
 
@@ -28,7 +30,8 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     hints = prefetch_level(direction, problem, variant, tabulated, harmonics is not None)
     gy_sum = grad_y_sum_mode(variant, direction, dtype, problem)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum)
+           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum,
+           occupancy.setting())  # compiled under it (runtime.occupancy): a module of its own per setting
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,

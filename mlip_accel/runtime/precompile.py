@@ -7,7 +7,8 @@ for those problems (batched TP, deterministic and atomic convolution; forward, b
 variants the composed double backward calls and the fused double backward's two walks; float32 and
 float64) is compiled once into ``$MLIP_ACCEL_CACHE_DIR``. Sound entries already there are kept. It prints
 how many modules it wrote and exits with status 1 when the cache cannot be written (2 when the disk cache
-is off), so a job script can tell that it did nothing. ``--workers`` caps the compile threads (default
+is off), so a job script can tell that it did nothing. A walk that runtime.occupancy bounds is cached in both
+forms (its first compile tells). ``--workers`` caps the compile threads (default
 ``$MLIP_ACCEL_COMPILE_THREADS``, else the CPUs this process may use): NVRTC compiles concurrently in one
 process (runtime.compiler.compile_many), so no worker processes are started.
 """
@@ -28,6 +29,11 @@ NEEDS = [(True, True, True), (False, True, True), (True, False, True), (True, Tr
 def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
     """Sources of every program the backend's launch sequences run for ``problems`` (walks and fixups, the
     layout gathers and ordered sums around them), each once."""
+    return [p.source for p in kernel_programs(problems, dtypes)]
+
+
+def kernel_programs(problems, dtypes=("float32", "float64")) -> list:
+    """The programs (codegen.sequence.Program) behind :func:`kernel_sources`, one per source."""
     from .backend import module_for
     modules = []
     for problem in problems:
@@ -41,15 +47,18 @@ def kernel_sources(problems, dtypes=("float32", "float64")) -> list[str]:
                 if weighted is not None and weighted is not problem:  # the composed double backward's w term
                     modules.append(module_for(weighted, dtype, "forward", variant))
                     modules.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]))
-    return list(dict.fromkeys(p.source for gm in modules for p in gm.sequence.programs))
+    return list({p.source: p for gm in reversed(modules) for p in reversed(gm.sequence.programs)}.values())[::-1]
 
 
 def precompile(problems, target: compiler.Target, workers: int | None = None) -> dict:
     """Compile into the disk cache; counts of modules "written", already "present" and kept in "memory"
     only (not cached: the warnings say why)."""
-    sources = list(dict.fromkeys(kernel_sources(problems)))
+    from .executor import register_steps
+    programs = kernel_programs(problems)
+    sources = [p.source for p in programs]
     start = time.perf_counter()
-    results = compiler.compile_many(sources, target, threads=workers, to_disk_only=True)
+    results = compiler.compile_many(sources, target, threads=workers, to_disk_only=True,
+                                    steps=[register_steps(p) for p in programs])
     statuses = [r[0] for r in results]
     seconds = [r[1] for r in results]
     return {"modules": len(sources), "written": statuses.count("written"), "present": statuses.count("present"),

@@ -158,7 +158,10 @@ def budget_for(direction: str, dtype: str, problem=None, loops: bool = False, ta
 # backward 6.8-7.4 -> 1.9-2.4 s; run time in one process (walk_ab.py --what split): backward 0.96-1.01x, double backward
 # 0.97-1.03x, outputs bitwise equal.
 # The forward is split only above 400 kB: split, nequip-benzene's (278 kB, 2 parts) ran 8-14 % slower (not the grid:
-# more, shorter warps did not help), and its run time matters more than a one-time compile (3 s there).
+# more, shorter warps did not help), and its run time matters more than a one-time compile (2-3.6 s there). Most of
+# that loss was a register step (its first part at 174 registers, 2 blocks per SM: runtime.occupancy now bounds such
+# a part), but split it still ran 1.065x (fp32) / 1.017x (fp64) the whole forward's time (benchmarks/occupancy_21st.md):
+# kept whole.
 # Every bench MACE walk but mace-large's fp32 double backward (229 kB) is below the limits.
 # $MLIP_ACCEL_SPLIT_KB overrides them all ("0": every walk one program, the benchmarks' A/B).
 SPLIT_BYTES = {"forward": 400_000, "backward": 200_000, "double_forward": 200_000, "double_backward": 200_000}

@@ -20,7 +20,14 @@ ${prelude}
 // Per-edge outputs (grad y, grad w) are written directly. The parameter list is written from the launch
 // plan (codegen/generator.walk_plan), which launchers execute. Block row `by` selects the phase of the schedule (and
 // with chunk loops the chunk): ${block_rows}. Flush mode here: ${flush_mode}.
-extern "C" __global__ void __launch_bounds__(${block_threads}) ${kernel}(
+// Launch bounds: runtime.occupancy compiles the walk again with -DMLA_MIN_BLOCKS=<blocks> when ptxas left it a few
+// registers above a step of resident blocks per SM (the launch contract is the same either way).
+#ifdef MLA_MIN_BLOCKS
+#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads, MLA_MIN_BLOCKS)
+#else
+#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads)
+#endif
+extern "C" __global__ void MLA_WALK_BOUNDS(${block_threads}) ${kernel}(
     ${parameters})
 {
   const int lane = threadIdx.x & 31;
