@@ -70,9 +70,17 @@ def step_bound(registers: int, block_threads: int, room: float = ROOM) -> int:
 
 def kernel_registers(image: bytes) -> dict[str, int]:
     """{kernel: registers per thread} of a cubin (the EIATTR_REGCOUNT records of its .nv.info section); {} for
-    anything else (PTX, which the driver compiles at load: no count to read)."""
+    anything else (PTX, which the driver compiles at load: no count to read) or an ELF that does not parse (then
+    no walk is bounded: the image ptxas made is used as it is)."""
     if len(image) < 64 or image[:4] != b"\x7fELF" or image[4] != 2:  # a 64-bit ELF, as every cubin
         return {}
+    try:
+        return _regcounts(image)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return {}
+
+
+def _regcounts(image: bytes) -> dict[str, int]:
     shoff, = struct.unpack_from("<Q", image, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
