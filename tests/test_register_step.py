@@ -166,3 +166,14 @@ def test_bounded_walks_compile_for_both_archs(cold, arch):
     image = compiler.compile_source(program.source, compiler.Target(f"-arch={arch}", "cubin"),
                                     extra_options=(occupancy.option(3),))
     assert occupancy.kernel_registers(image)[program.plans[0].kernel] <= 168
+
+
+def test_only_the_measured_walks_take_a_step():
+    """Deterministic walks without a radial table were measured (occupancy_21st.md); the tabulated walks (MACE's fp32
+    ASE call: its forward at 183 registers), the atomic variant and the batched tensor product were not: no bound."""
+    problem = bench_problem_named("mace-medium")
+    assert register_steps(module_for(problem, "float32", "double_forward", "det").programs[0])
+    for gm in (module_for(problem, "float32", "forward", "det", tabulated=True),
+               module_for(problem, "float32", "forward", "atomic"),
+               module_for(problem, "float32", "forward", "tp")):
+        assert all(register_steps(p) == () for p in gm.programs)

@@ -1029,8 +1029,10 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
     return LaunchPlan(family=FAMILY, kernel=spec.name, arguments=args, grid=grid, zero_outputs=zero,
                       tuning=(("accumulators_per_lane", spec.budget), ("block_threads", threads),
                               ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum),
-                              # runtime.occupancy may compile it again bounded to a step of blocks per SM
-                              ("register_step", 1)))
+                              # runtime.occupancy may compile it again bounded to a step of blocks per SM: the
+                              # deterministic walks without a table (measured); the tabulated walks (the ASE call's),
+                              # the atomic ones and the batched tensor product's were not
+                              ("register_step", int(spec.variant == "det" and not spec.tabulated))))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:
