@@ -33,7 +33,7 @@ from kernel_timing import graph_case, random_case  # this folder: the scripts ru
 from mlip_accel.graph import edge_orders
 from mlip_accel.ops import custom_ops  # noqa: F401
 from mlip_accel.problem import register_problem
-from mlip_accel.runtime import compiler, occupancy, tuning
+from mlip_accel.runtime import compiler, tuning
 from mlip_accel.runtime.kernels import module_for
 from mlip_accel.testing import dtype_of
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
@@ -49,10 +49,10 @@ def settings(what: str, limit: int) -> dict:
         return {"one": lambda: tuning.split_walks(0), "split": lambda: tuning.split_walks(limit)}
     if what == "occupancy":  # walks a few registers above a step of blocks per SM compiled again bounded
         # (runtime.occupancy) or not, also with every walk split at ``limit`` (the forward too)
-        return {"off": lambda: occupancy.register_step("off"), "rule": lambda: occupancy.register_step("rule"),
-                "force": lambda: occupancy.register_step("force"),  # every walk one block per SM above ptxas's
-                "split-off": lambda: _both(occupancy.register_step("off"), tuning.split_walks(limit)),
-                "split-rule": lambda: _both(occupancy.register_step("rule"), tuning.split_walks(limit))}
+        return {"off": lambda: tuning.register_step("off"), "rule": lambda: tuning.register_step("rule"),
+                "force": lambda: tuning.register_step("force"),  # every walk one block per SM above ptxas's
+                "split-off": lambda: _both(tuning.register_step("off"), tuning.split_walks(limit)),
+                "split-rule": lambda: _both(tuning.register_step("rule"), tuning.split_walks(limit))}
     if what == "gz":  # the walks by sender reading grad_z gathered (the rule) or in e3nn's columns (no gathered copy)
         return {"gathered": lambda: tuning.gz_e3nn(False, untabulated=True),
                 "e3nn": lambda: tuning.gz_e3nn(True, untabulated=True)}

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="CuPy's NVRTC binding is not installed")
 
 from kernel_cases import bench_problem_named  # noqa: E402
-from mlip_accel.runtime import compiler, occupancy  # noqa: E402
+from mlip_accel.runtime import compiler, occupancy, tuning  # noqa: E402
 from mlip_accel.runtime.executor import register_steps  # noqa: E402
 from mlip_accel.runtime.kernels import module_for  # noqa: E402
 
@@ -92,7 +92,7 @@ def test_walks_above_a_step_are_compiled_again_bounded(cold, name, direction):
     program = module_for(bench_problem_named(name), "float32", direction, "det").programs[0]
     steps = register_steps(program)
     (kernel, threads), = steps
-    with occupancy.register_step("off"):
+    with tuning.register_step("off"):
         alone = occupancy.kernel_registers(compiler.compile_source(program.source, SM90, steps=steps))[kernel]
     chosen = occupancy.kernel_registers(compiler.compile_source(program.source, SM90, steps=steps))[kernel]
     bound = occupancy.step_bound(alone, threads)
@@ -131,7 +131,7 @@ def test_compile_many_starts_the_bounded_compile_beside_the_first(cold, monkeypa
     assert started == [(), (occupancy.option(3),)]
     started.clear()
     compiler._MEMORY.clear()
-    with occupancy.register_step("off"):
+    with tuning.register_step("off"):
         compiler.compile_many([source], SM90, threads=4, steps=[(("k", 128),)])
     assert started == [()]
 
@@ -140,17 +140,17 @@ def test_force_and_off(monkeypatch):
     monkeypatch.setattr(occupancy, "kernel_registers", lambda image: {"k": 128})
     steps = (("k", 128),)
     assert occupancy.bound_for(b"", steps) == 0  # 128 -> 102 registers is out of reach
-    with occupancy.register_step("force"):
+    with tuning.register_step("force"):
         assert occupancy.bound_for(b"", steps) == 5  # (4 blocks of 128: 16 warps, not a low occupancy)
-    with occupancy.register_step("off"):
+    with tuning.register_step("off"):
         assert occupancy.bound_for(b"", steps) == 0
     with pytest.raises(ValueError, match="register step mode"):
-        occupancy.register_step("sometimes").__enter__()
+        tuning.register_step("sometimes").__enter__()
 
 
 @pytest.mark.parametrize("value,ok", [("0", True), ("1", True), ("", True), ("yes", False)])
 def test_environment_variable(value, ok):
-    code = "from mlip_accel.runtime import occupancy; print(occupancy.setting())"
+    code = "from mlip_accel.runtime import tuning; print(tuning.register_step_mode())"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**__import__("os").environ, "MLIP_ACCEL_REGISTER_STEP": value})
     if ok:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernel_cases import BENCH_NAMES, assert_setting_matches
-from mlip_accel.runtime import occupancy
+from mlip_accel.runtime import tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -18,6 +18,6 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("name", BENCH_NAMES)
 def test_bounded_walks_equal_unbounded_and_the_reference(name, dtype, mode):
-    assert_setting_matches(name, dtype, "hub", 11, lambda: occupancy.register_step("off"),
-                           lambda: occupancy.register_step(mode), f"walks bounded ({mode}) against unbounded",
+    assert_setting_matches(name, dtype, "hub", 11, lambda: tuning.register_step("off"),
+                           lambda: tuning.register_step(mode), f"walks bounded ({mode}) against unbounded",
                            backward=True)

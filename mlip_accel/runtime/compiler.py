@@ -38,7 +38,7 @@ import warnings
 from pathlib import Path
 
 from . import occupancy
-from .tuning import env_number
+from .tuning import env_number, register_step_mode
 
 CACHE_ENV = "MLIP_ACCEL_CACHE_DIR"
 THREADS_ENV = "MLIP_ACCEL_COMPILE_THREADS"
@@ -207,7 +207,7 @@ def _stepped_compile(source: str, target: Target, name: str, extra_options: tupl
     image, status = _cached_compile(source, target, name, extra_options, use_memory)
     if steps and target.kind == "cubin":
         blocks = occupancy.bound_for(image, steps)
-        BOUNDS[cache_key(source, (*extra_options, target.option, occupancy.setting()))] = blocks
+        BOUNDS[cache_key(source, (*extra_options, target.option, register_step_mode()))] = blocks
         if blocks:
             future = (speculated or {}).get(blocks)
             if future is not None:
@@ -219,7 +219,7 @@ def _stepped_compile(source: str, target: Target, name: str, extra_options: tupl
 def bound_of(source: str, target: Target, extra_options=()) -> int | None:
     """The blocks per SM a stepped program's image was bounded to under the current register-step setting (0: not
     bounded), None when it has not been compiled so in this process (benchmarks print it)."""
-    return BOUNDS.get(cache_key(source, (*extra_options, target.option, occupancy.setting())))
+    return BOUNDS.get(cache_key(source, (*extra_options, target.option, register_step_mode())))
 
 
 def clear_memory_cache() -> None:
@@ -265,7 +265,7 @@ def compile_many(sources, target: Target, names=None, threads: int | None = None
     unique = list(dict.fromkeys(sources))
     name_of = dict(zip(reversed(sources), reversed(names)))  # a repeated source keeps its first name
     use_memory = not to_disk_only
-    stepped = [s for s in unique if steps_of[s] and target.kind == "cubin" and occupancy.setting() != "off"]
+    stepped = [s for s in unique if steps_of[s] and target.kind == "cubin" and register_step_mode() != "off"]
     threads = threads or compile_threads()
     speculate = threads >= len(unique) + len(stepped) and len(stepped) > 0
     speculated: dict[str, dict] = {}

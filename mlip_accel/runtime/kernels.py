@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
-from . import occupancy
-from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, split_bytes,
-                     grad_y_sum_mode)
+from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, register_step_mode,
+                     split_bytes, grad_y_sum_mode)
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -31,7 +30,7 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     gy_sum = grad_y_sum_mode(variant, direction, dtype, problem)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum,
-           occupancy.setting())  # compiled under it (runtime.occupancy): a module of its own per setting
+           register_step_mode())  # compiled under it (runtime.occupancy): a module per setting
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,

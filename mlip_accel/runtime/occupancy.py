@@ -10,21 +10,20 @@ measured 7-16 % faster. A bound everywhere is worse: it lets walks below the ste
 walks 128 -> 168, 4 -> 3 blocks) and makes walks far above it spill heavily (5-7 % slower). So the choice needs the
 walk's own register count, which only ptxas knows: :func:`step_bound` reads it from the compiled image
 (:func:`kernel_registers`, the cubin's EIATTR_REGCOUNT) and asks for the bound only for walks with few warps per
-SM (:data:`LOW_WARPS`) within :data:`ROOM` of the next step; runtime.compiler then compiles the same source again with ``-DMLA_MIN_BLOCKS=<blocks>`` (the walk
-template's ``MLA_WALK_BOUNDS``) and keeps that image. Both images are cached on disk, so a warm start compiles
+SM (:data:`LOW_WARPS`) within :data:`ROOM` of the next step; runtime.compiler then compiles the same source again
+with ``-DMLA_MIN_BLOCKS=<blocks>`` (the walk template's ``MLA_WALK_BOUNDS``) and keeps that image. Both images are cached on disk, so a warm start compiles
 neither. Which walks may take a bound their launch plans say (tuning ``register_step``): the deterministic
 walks without a radial table, the kind measured; the tabulated walks of MACE's fp32 ASE call (its forward at
 183 registers), the atomic variant and the batched tensor product are left as ptxas made them until measured.
 
 ``$MLIP_ACCEL_REGISTER_STEP``: ``0`` never bounds (the images ptxas chose alone), ``1`` (default) the rule;
-:func:`register_step` overrides it in tests and benchmarks, also forcing a bound on every stepped walk.
+``runtime.tuning.register_step`` overrides it in tests and benchmarks, also forcing a bound on every stepped walk.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
 import struct
+
+from .tuning import register_step_mode
 
 REGISTER_FILE = 65536  # registers per SM (every architecture since sm_50)
 ALLOCATION_UNIT = 8  # registers per thread are allocated in steps of 8 (256 per warp)
@@ -40,9 +39,6 @@ LOW_WARPS = 12
 MACRO = "MLA_MIN_BLOCKS"  # the walk template's bound (codegen/templates/walk.cu)
 EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL, _EIFMT_HVAL, _EIFMT_BVAL = 4, 3, 2
-
-_OVERRIDE: list = []
-
 
 def blocks_per_sm(registers: int, block_threads: int) -> int:
     """Resident blocks of ``block_threads`` threads per SM at ``registers`` per thread (registers bound only)."""
@@ -116,39 +112,10 @@ def _regcounts(image: bytes) -> dict[str, int]:
     return counts
 
 
-@functools.lru_cache(maxsize=None)
-def _env_enabled() -> bool:
-    value = os.environ.get("MLIP_ACCEL_REGISTER_STEP", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"MLIP_ACCEL_REGISTER_STEP={value!r}: expected 0 or 1")
-    return value != "0"
-
-
-def setting() -> str:
-    """"rule", "off", or "force" (every stepped walk bounded one block above what it has): a test or benchmark
-    override, else ``$MLIP_ACCEL_REGISTER_STEP``."""
-    if _OVERRIDE:
-        return _OVERRIDE[-1]
-    return "rule" if _env_enabled() else "off"
-
-
-@contextlib.contextmanager
-def register_step(mode: str):
-    """Compile stepped walks under ``mode`` ("rule", "off", "force") inside the block. Images are cached per
-    option set, so switching back and forth compiles each variant once."""
-    if mode not in ("rule", "off", "force"):
-        raise ValueError(f"register step mode must be 'rule', 'off' or 'force', got {mode!r}")
-    _OVERRIDE.append(mode)
-    try:
-        yield
-    finally:
-        _OVERRIDE.pop()
-
-
 def bound_for(image: bytes, steps) -> int:
     """The blocks per SM to compile the program of ``image`` again with (0: keep ``image``): ``steps`` are its
     (kernel, block threads) that take the bound; the largest any of them asks for (a program holds one walk)."""
-    mode = setting()
+    mode = register_step_mode()
     if mode == "off" or not steps:
         return 0
     counts = kernel_registers(image)

@@ -322,6 +322,34 @@ def grad_y_sum(mode: str):
     return _pushed(_GRAD_Y_SUM_OVERRIDE, mode)
 
 
+# Register steps of occupancy (runtime.occupancy): a walk ptxas left a few registers above a step of resident blocks
+# per SM compiled again bounded under it. "rule" (default), "off" ($MLIP_ACCEL_REGISTER_STEP=0: ptxas's images), or
+# "force" (tests and benchmarks: every stepped walk one block above ptxas's choice).
+REGISTER_STEP_MODES = ("rule", "off", "force")
+_REGISTER_STEP_OVERRIDE: list[str] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _env_register_step() -> str:
+    value = os.environ.get("MLIP_ACCEL_REGISTER_STEP", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"MLIP_ACCEL_REGISTER_STEP={value!r}: expected 0 or 1")
+    return "off" if value == "0" else "rule"
+
+
+def register_step_mode() -> str:
+    """"rule", "off" or "force": a test or benchmark override, else ``$MLIP_ACCEL_REGISTER_STEP``."""
+    return _REGISTER_STEP_OVERRIDE[-1] if _REGISTER_STEP_OVERRIDE else _env_register_step()
+
+
+def register_step(mode: str):
+    """Compile the stepped walks under ``mode`` ("rule", "off", "force") inside the block (images are cached per
+    option set: switching back and forth compiles each variant once)."""
+    if mode not in REGISTER_STEP_MODES:
+        raise ValueError(f"register step mode must be one of {REGISTER_STEP_MODES}, got {mode!r}")
+    return _pushed(_REGISTER_STEP_OVERRIDE, mode)
+
+
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
     """Override the accumulator budget of each direction (every dtype) inside the block: ``forward`` for the
