@@ -76,7 +76,10 @@ def _both(*contexts) -> contextlib.ExitStack:
 
 
 def bounds(gm) -> str:
-    """"/b<blocks>" for each walk program runtime.occupancy bounded (after the program compiled), "" for none."""
+    """"/b<blocks>" for each walk program runtime.occupancy bounded (after the program compiled), "" for none (and
+    without a GPU: nothing was compiled for one)."""
+    if not torch.cuda.is_available():
+        return ""
     target = compiler.target_for(torch.cuda.get_device_capability())
     found = [compiler.bound_of(p.source, target) for p in gm.programs]
     return "".join(f"/b{b}" for b in found if b)

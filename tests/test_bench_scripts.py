@@ -336,10 +336,17 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     report = walk_registers.ptxas_report(gm.programs[0].source, gm.programs[0].name, "sm_80")
     assert [k for k, _, _ in report] == [gm.walk_kernel] and 0 < report[0][1] <= 255 and report[0][2] >= 0
     seen = {}
-    for what in ("split", "prefetch", "loops", "gz"):
+    modes = {}
+    for what in ("split", "prefetch", "loops", "gz", "occupancy"):
         for label, setting in walk_ab.settings(what, 1).items():
             with setting(), tuning.accumulator_budget(forward=4, backward=3):
-                seen[(what, label)] = walk_ab.describe(problem, "float32")
+                seen[(what, label)] = walk_ab.describe(problem, "float32")  # (no GPU here: no bounds to print)
+                modes[(what, label)] = tuning.register_step_mode()
+    # the register-step settings change the compile, not the source: the same walks, each under its own mode
+    assert seen[("occupancy", "rule")] == seen[("occupancy", "off")] == seen[("occupancy", "force")]
+    assert [modes[("occupancy", m)] for m in ("off", "rule", "force", "split-off", "split-rule")] == \
+        ["off", "rule", "force", "off", "rule"]
+    assert seen[("occupancy", "split-rule")]["backward"] == seen[("split", "split")]["backward"]
     assert seen[("split", "split")]["backward"] != seen[("split", "one")]["backward"]  # 1 byte: a part per phase
     assert seen[("prefetch", "L2")]["backward"].endswith("/L2") and "/L" not in seen[("prefetch", "none")]["backward"]
     assert seen[("prefetch", "L2-dfw")]["double_backward"] == seen[("prefetch", "none")]["double_backward"]
