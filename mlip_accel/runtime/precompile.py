@@ -47,7 +47,11 @@ def kernel_programs(problems, dtypes=("float32", "float64")) -> list:
                 if weighted is not None and weighted is not problem:  # the composed double backward's w term
                     modules.append(module_for(weighted, dtype, "forward", variant))
                     modules.append(module_for(weighted, dtype, "backward", variant, NEEDS[3]))
-    return list({p.source: p for gm in reversed(modules) for p in reversed(gm.sequence.programs)}.values())[::-1]
+    unique = {}
+    for gm in modules:
+        for program in gm.sequence.programs:
+            unique.setdefault(program.source, program)  # the first of equal sources, in launch order
+    return list(unique.values())
 
 
 def precompile(problems, target: compiler.Target, workers: int | None = None) -> dict:
