@@ -45,11 +45,9 @@ def ptxas_report(source: str, name: str, arch: str, options=()) -> list[tuple[st
 def chosen_options(program, arch: str) -> tuple[str, ...]:
     """The bound runtime.occupancy adds to ``program``'s compile under the current setting (its first compile
     tells), as NVRTC options."""
-    steps = register_steps(program)
-    if not steps:
-        return ()
-    blocks = occupancy.bound_for(compiler.compile_source(program.source, compiler.Target(f"-arch={arch}", "cubin")),
-                                 steps)
+    target = compiler.Target(f"-arch={arch}", "cubin")
+    compiler.compile_source(program.source, target, steps=register_steps(program))  # as the backend compiles it
+    blocks = compiler.bound_of(program.source, target)
     return (occupancy.option(blocks),) if blocks else ()
 
 

@@ -11,10 +11,11 @@ walks 128 -> 168, 4 -> 3 blocks) and makes walks far above it spill heavily (5-7
 walk's own register count, which only ptxas knows: :func:`step_bound` reads it from the compiled image
 (:func:`kernel_registers`, the cubin's EIATTR_REGCOUNT) and asks for the bound only for walks with few warps per
 SM (:data:`LOW_WARPS`) within :data:`ROOM` of the next step; runtime.compiler then compiles the same source again
-with ``-DMLA_MIN_BLOCKS=<blocks>`` (the walk template's ``MLA_WALK_BOUNDS``) and keeps that image. Both images are cached on disk, so a warm start compiles
-neither. Which walks may take a bound their launch plans say (tuning ``register_step``): the deterministic
-walks without a radial table, the kind measured; the tabulated walks of MACE's fp32 ASE call (its forward at
-183 registers), the atomic variant and the batched tensor product are left as ptxas made them until measured.
+with ``-DMLA_MIN_BLOCKS=<blocks>`` (the walk template's ``MLA_WALK_BOUNDS``) and keeps that image. Both images are
+cached on disk, so a warm start compiles neither. Which walks may take a bound their launch plans say (tuning
+``register_step``): the deterministic walks without a radial table, the kind measured; the tabulated walks of MACE's
+fp32 ASE call (its forward at 183 registers), the atomic variant and the batched tensor product are left as ptxas
+made them until measured.
 
 ``$MLIP_ACCEL_REGISTER_STEP``: ``0`` never bounds (the images ptxas chose alone), ``1`` (default) the rule;
 ``runtime.tuning.register_step`` overrides it in tests and benchmarks, also forcing a bound on every stepped walk.
@@ -39,6 +40,7 @@ LOW_WARPS = 12
 MACRO = "MLA_MIN_BLOCKS"  # the walk template's bound (codegen/templates/walk.cu)
 EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL, _EIFMT_HVAL, _EIFMT_BVAL = 4, 3, 2
+
 
 def blocks_per_sm(registers: int, block_threads: int) -> int:
     """Resident blocks of ``block_threads`` threads per SM at ``registers`` per thread (registers bound only)."""
