@@ -10,7 +10,9 @@ memory cache cleared before each compile, so every number is a cold compile.
 With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so);
 with MLIP_ACCEL_SPLIT_KB the walks split at that many kB of phase code (0: one program each; rows say ``split_kB``).
 A walk that runtime.occupancy bounds compiles twice (beside each other where threads are free), as at first use;
-MLIP_ACCEL_REGISTER_STEP=0 leaves that out.
+MLIP_ACCEL_REGISTER_STEP=0 leaves that out. With --by-direction a walk that runtime.first_use gives a stand-in (split
+smaller, compiled concurrently: what the first call waits for; the module itself then compiles in the background)
+is timed as its stand-in (rows list those directions under ``stand_ins``); MLIP_ACCEL_STAND_IN=0 times the modules.
 
 One JSON row per (problem, dtype): program count, source kB, sha256 of the sources (the generated CUDA is
 what the backend compiles, unchanged by how it is compiled), per-program seconds of the serial run, the wall
@@ -25,30 +27,49 @@ import hashlib
 import heapq
 import json
 import os
+import threading
 import time
 import uuid
 
 os.environ["MLIP_ACCEL_CACHE_DIR"] = "off"  # cold compiles only (read when compiling, set before any)
 
-from mlip_accel.runtime import backend, compiler, tuning  # noqa: E402
+from mlip_accel.runtime import backend, compiler, first_use, tuning  # noqa: E402
 from mlip_accel.runtime.executor import register_steps  # noqa: E402
 from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs  # noqa: E402
 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 
 
-def step_programs(problem, dtype: str) -> list:
-    """The distinct programs of the four deterministic launch sequences, in launch order."""
+def first_use_module(problem, dtype: str, direction: str, threads: int | None):
+    """The module a first call of ``direction`` compiles before it runs: with ``threads`` (the first-use runs) and
+    stand-ins allowed, the stand-in runtime.first_use would take (a thread per part free), else the module."""
+    gm = backend.module_for(problem, dtype, direction, "det")
+    if threads is None or not tuning.stand_ins_enabled():
+        return gm
+    stand_in = first_use.stand_in_for(gm)
+    return gm if stand_in is None or len(stand_in.programs) > threads else stand_in
+
+
+def step_programs(problem, dtype: str, threads: int | None = None) -> list:
+    """The distinct programs of the four deterministic launch sequences, in launch order (``threads``: of what the
+    first calls compile, :func:`first_use_module`)."""
     programs = {}
     for direction in DIRECTIONS:
-        for p in backend.module_for(problem, dtype, direction, "det").sequence.programs:
+        for p in first_use_module(problem, dtype, direction, threads).sequence.programs:
             programs.setdefault(p.source, p)
     return list(programs.values())
 
 
-def direction_programs(problem, dtype: str) -> dict:
+def direction_programs(problem, dtype: str, threads: int | None = None) -> dict:
     """{direction: names of the programs its launch sequence compiles at first use}."""
-    return {d: [p.name for p in backend.module_for(problem, dtype, d, "det").sequence.programs] for d in DIRECTIONS}
+    return {d: [p.name for p in first_use_module(problem, dtype, d, threads).sequence.programs] for d in DIRECTIONS}
+
+
+def _background(programs, target, threads: int) -> None:
+    """The stand-ins' modules compiled as runtime.first_use compiles them: one thread at lowered priority."""
+    first_use._lower_priority()
+    compiler.compile_many([p.source for p in programs], target, [f"{p.name}.cu" for p in programs], threads,
+                          steps=[register_steps(p) for p in programs])
 
 
 def predicted_wall(seconds: list[float], cores: int) -> float:
@@ -85,7 +106,8 @@ def measure(args) -> None:
     for name in args.problems.split(","):
         problem = bench_problem(specs[name])
         for dtype in args.dtypes.split(","):
-            programs = step_programs(problem, dtype)
+            first_threads = max(map(int, args.threads.split(","))) if args.by_direction else None
+            programs = step_programs(problem, dtype, first_threads)
             generated = hashlib.sha256("\0".join(p.source for p in programs).encode()).hexdigest()[:16]
             if args.nonce:  # a source never compiled before on this machine: NVRTC 13 answered a source compiled
                 # earlier, even in another process, in ~0.1 s (device calls of 2026-11-28)
@@ -102,16 +124,34 @@ def measure(args) -> None:
                 threads = max(map(int, args.threads.split(",")))
                 compiler.clear_memory_cache()
                 row["by_direction_wall_s"], seen = {}, set()
-                first_uses = direction_programs(problem, dtype)
+                first_uses = direction_programs(problem, dtype, threads)
+                row["stand_ins"] = [d for d in DIRECTIONS
+                                    if first_use_module(problem, dtype, d, threads) is not backend.module_for(
+                                        problem, dtype, d, "det")]
                 # the fused double backward prepares both of its walks at once (runtime.backend)
                 first_uses["double"] = first_uses.pop("double_forward") + first_uses.pop("double_backward")
+                backgrounds, began = [], time.perf_counter()
                 for direction, names in first_uses.items():
                     batch = [p for p in programs if p.name in names and p.name not in seen]
                     seen.update(names)
+                    # a stand-in's module compiles meanwhile in a background thread at lowered priority, as at
+                    # first use (runtime.first_use): the foreground's wait is timed with it running
+                    parts = ("double_forward", "double_backward") if direction == "double" else (direction,)
+                    own = [p for d in parts if d in row["stand_ins"]
+                           for p in backend.module_for(problem, dtype, d, "det").programs]
+                    if own:
+                        if args.nonce:
+                            own = [dataclasses.replace(p, source=tag + p.source) for p in own]
+                        backgrounds.append(threading.Thread(target=_background, args=(own, target, threads)))
+                        backgrounds[-1].start()
                     start = time.perf_counter()
                     compiler.compile_many([p.source for p in batch], target, [f"{p.name}.cu" for p in batch], threads,
                                           steps=[register_steps(p) for p in batch])
                     row["by_direction_wall_s"][direction] = round(time.perf_counter() - start, 2)
+                for thread in backgrounds:
+                    thread.join()
+                if backgrounds:  # from the first first use until every stand-in's module was compiled
+                    row["modules_compiled_s"] = round(time.perf_counter() - began, 2)
                 row["threads"] = threads
                 print(json.dumps(row), flush=True)
                 if args.out:

@@ -106,6 +106,10 @@ class KernelSpec:
     # adding its part to it. The last two allocate no partials. A request: generate() applies it where it fits
     # (:func:`grad_y_sum_applies`), else sums partials.
     grad_y_sum: str = "partials"
+    # whether runtime.occupancy may compile the walk again bounded to a step of blocks per SM (where the plans say
+    # the walk kind was measured: see walk_plan). False for a first use's stand-in (runtime.first_use), compiled
+    # for a short wait, not for its run time. Same bits either way.
+    register_step: bool = True
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -1032,7 +1036,8 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
                               # runtime.occupancy may compile it again bounded to a step of blocks per SM: the
                               # deterministic walks without a table (measured); the tabulated walks (the ASE call's),
                               # the atomic ones and the batched tensor product's were not
-                              ("register_step", int(spec.variant == "det" and not spec.tabulated))))
+                              ("register_step", int(spec.register_step and spec.variant == "det"
+                                                    and not spec.tabulated))))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:

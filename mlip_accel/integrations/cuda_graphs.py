@@ -143,10 +143,15 @@ def expandable_segments():
 def warm_up(step, device, calls: int = WARMUP_CALLS) -> None:
     """``calls`` calls of ``step()`` on :func:`capture_stream`, as ``torch.cuda.graph`` asks before a capture (lazy
     initialisation and kernel compilation happen outside the graph); the current stream waits for them."""
+    from ..runtime import first_use
+
     side = capture_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(calls):
+            step()
+        if first_use.pending():  # a first use's stand-in would stay in the graph for good: wait for its module,
+            first_use.settle()  # then one more call loads it (outside the capture)
             step()
     torch.cuda.current_stream(device).wait_stream(side)
 

@@ -56,7 +56,7 @@ def tp_forward(problem: TPProblem, x: torch.Tensor, y: torch.Tensor, w: torch.Te
     if rows == 0:
         return x.new_zeros(0, problem.dim_out)
     with _device_guard(x.device):
-        gm = module_for(problem, DTYPES[x.dtype], "forward", "tp")
+        gm = module_for(problem, DTYPES[x.dtype], "forward", "tp", device=x.device)
         return _run(gm, {"x": x, "y": y, "w": w}, rows, rows)["acc_out"]
 
 
@@ -68,7 +68,7 @@ def tp_backward(problem: TPProblem, x, y, w, grad_z, need=(True, True, True)):
     if rows == 0 or not any(need):
         return _zeros_like_need(x, y, w, need)
     with _device_guard(x.device):
-        gm = module_for(problem, DTYPES[x.dtype], "backward", "tp", need)
+        gm = module_for(problem, DTYPES[x.dtype], "backward", "tp", need, device=x.device)
         return _grads(_run(gm, {"x": x, "y": y, "w": w, "gz": grad_z}, rows, rows), need)
 
 
@@ -80,7 +80,7 @@ def conv_forward(problem: TPProblem, x, y, w, edge_dst, edge_src, perm=None) -> 
         return x.new_zeros(num_nodes, problem.dim_out)
     with _device_guard(x.device):
         variant = "atomic" if perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "forward", variant)
+        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, device=x.device)
         return _run(gm, {"x": x, "y": y, "w": w, "order": perm, "keys": edge_dst, "others": edge_src},
                     num_edges, num_nodes)["acc_out"]
 
@@ -96,7 +96,7 @@ def conv_backward(problem: TPProblem, x, y, w, grad_z, edge_dst, edge_src, trans
         return _zeros_like_need(x, y, w, need)
     with _device_guard(x.device):
         variant = "atomic" if transpose_perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need)
+        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, device=x.device)
         # grad x accumulates by sender: the deterministic walk follows the transpose permutation.
         outs = _run(gm, {"x": x, "y": y, "w": w, "gz": grad_z, "order": transpose_perm, "keys": edge_src,
                          "others": edge_dst}, num_edges, num_nodes)
@@ -122,7 +122,8 @@ def conv_forward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, edg
         return x.new_zeros(num_nodes, problem.dim_out)
     with _device_guard(x.device):
         variant = "atomic" if perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, tabulated=True, harmonics=harmonics)
+        gm = module_for(problem, DTYPES[x.dtype], "forward", variant, tabulated=True, harmonics=harmonics,
+                        device=x.device)
         return _run(gm, {"x": x, _Y[harmonics is not None]: y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths,
                          "order": perm, "keys": edge_dst, "others": edge_src}, num_edges, num_nodes,
                     intervals=coeffs.shape[0])["acc_out"]
@@ -147,7 +148,8 @@ def conv_backward_tabulated(problem: TPProblem, x, y, coeffs, r_max, lengths, gr
         return _zeros_like_need(x, y, lengths, need)
     with _device_guard(x.device):
         variant = "atomic" if transpose_perm is None else "det"
-        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, tabulated=True, harmonics=harmonics)
+        gm = module_for(problem, DTYPES[x.dtype], "backward", variant, need, tabulated=True, harmonics=harmonics,
+                        device=x.device)
         outs = _run(gm, {"x": x, _Y[harmonics is not None]: y, "coeffs": coeffs, "r_max": r_max, "lengths": lengths,
                          "gz": grad_z, "order": transpose_perm, "keys": edge_src, "others": edge_dst}, num_edges,
                     num_nodes, intervals=coeffs.shape[0])
@@ -178,8 +180,8 @@ def conv_double_backward(problem: TPProblem, x, y, w, grad_z, ggx, ggy, ggw, edg
         with _device_guard(x.device), once_per_tensor():  # x and ggx are gathered once for both walks
             dtype, variant = DTYPES[x.dtype], "atomic" if perm is None else "det"
             rows = {"x": x, "ggx": ggx, "y": y, "ggy": ggy, "w": w, "ggw": ggw}
-            by_dst = module_for(problem, dtype, "double_forward", variant, given)
-            by_src = module_for(problem, dtype, "double_backward", variant, given)
+            by_dst = module_for(problem, dtype, "double_forward", variant, given, device=x.device)
+            by_src = module_for(problem, dtype, "double_backward", variant, given, device=x.device)
             prepare([by_dst.sequence, by_src.sequence], x.device)  # both walks' programs compiled together
             dgz = _run(by_dst, {**rows, "order": perm, "keys": edge_dst, "others": edge_src}, num_edges,
                        num_nodes)["acc_out"]

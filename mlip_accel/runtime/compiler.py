@@ -304,16 +304,33 @@ def compile_many(sources, target: Target, names=None, threads: int | None = None
     return [outcomes[s] for s in sources]
 
 
-def _cached_compile(source: str, target: Target, name: str, extra_options, use_memory: bool = True):
+def _entry(source: str, target: Target, extra_options=()) -> tuple[tuple[str, ...], str, Path | None]:
+    """(NVRTC options, cache key, disk path or None when the disk cache is off) of ``source``'s image."""
     options = (*BASE_OPTIONS, *fast_compile_options(), *extra_options, target.option)
     key = cache_key(source, options)
+    directory = cache_dir()
+    return options, key, directory / f"{key}.{target.kind}" if directory is not None else None
+
+
+def cached(source: str, target: Target) -> bool:
+    """Whether an image of ``source`` for ``target`` is in the memory cache or has a disk entry (not read here: a
+    corrupt entry is found, and recompiled, when loaded). runtime.first_use asks before it compiles a stand-in."""
+    _, key, path = _entry(source, target)
+    if key in _MEMORY:
+        return True
+    try:
+        return path is not None and path.is_file()
+    except OSError:  # an unreadable cache directory: compiling will warn about it
+        return False
+
+
+def _cached_compile(source: str, target: Target, name: str, extra_options, use_memory: bool = True):
+    options, key, path = _entry(source, target, extra_options)
     image = _MEMORY.get(key) if use_memory else None
     if image is not None:
         with _STATS_LOCK:
             STATS.memory_hits += 1
         return image, "memory"
-    directory = cache_dir()
-    path = directory / f"{key}.{target.kind}" if directory is not None else None
     image = _read_entry(path, target.kind) if path is not None else None
     if image is not None:
         with _STATS_LOCK:

@@ -212,6 +212,14 @@ class CudaExecutor:
         compile_programs([p for p in dict.fromkeys(programs)
                           if (index, id(p), p.plans[0].kernel) not in self._functions], index)
 
+    def compiled(self, programs, device: torch.device) -> bool:
+        """Whether every one of ``programs`` is loaded on ``device`` or its image for the device's architecture is
+        cached (memory or disk): their first launch then compiles nothing (runtime.first_use asks)."""
+        index = device_index(device)
+        target = compiler.target_for(torch.cuda.get_device_capability(index))
+        return all((index, id(p), p.plans[0].kernel) in self._functions or compiler.cached(p.source, target)
+                   for p in programs)
+
     def loaded_devices(self) -> set[int]:
         """Indices of the devices this executor has loaded modules on (tests, diagnostics)."""
         return {index for _, index in self._programs}

@@ -1,10 +1,13 @@
 """Generated modules of the tensor-product family, cached per (problem, dtype, direction, variant, gradients,
 budget, chunk loops, tabulated, grad_z's columns, harmonics, split, prefetch hints, grad y's sum, register-step
-setting) for the life of the process (the compiled images are cached on disk by runtime.compiler)."""
+setting) for the life of the process (the compiled images are cached on disk by runtime.compiler). Given the device a
+call runs on, :func:`module_for` answers what that call runs: the module, or while it compiles its stand-in
+(runtime.first_use)."""
 from __future__ import annotations
 
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
+from . import first_use
 from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, register_step_mode,
                      split_bytes, grad_y_sum_mode)
 
@@ -21,7 +24,7 @@ def problem_key(problem: TPProblem) -> str:
 
 
 def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
-               need=(True, True, True), tabulated: bool = False, harmonics=None) -> GeneratedModule:
+               need=(True, True, True), tabulated: bool = False, harmonics=None, device=None) -> GeneratedModule:
     loops = chunk_loops_enabled(problem, direction, dtype, variant, tabulated)  # a lookup, a min over a few irreps
     budget = budget_for(direction, dtype, problem, loops, tabulated)
     gz_e3nn = gz_e3nn_enabled(direction, tabulated)
@@ -35,4 +38,4 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
                                                  tabulated, gz_e3nn, harmonics, split, hints, gy_sum))
-    return gm
+    return gm if device is None else first_use.module(gm, device)

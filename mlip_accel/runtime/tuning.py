@@ -350,6 +350,35 @@ def register_step(mode: str):
     return _pushed(_REGISTER_STEP_OVERRIDE, mode)
 
 
+# First use of a slowly compiling walk (runtime.first_use): a walk whose largest program holds more than STAND_IN_ABOVE
+# bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of at most
+# STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. nequip-benzene's
+# forward (one program of 279 kB, 2.0-2.6 s at first use on an H200 host's 16 cores; split at 200 kB 1.5 / 1.7 s fp32 /
+# fp64, benchmarks/compile_time.md) and its fp64 gradient walks (parts of up to 187 kB, 2.1-2.2 s) take one; MACE's
+# walks (<= 165 kB, <= 1.4 s) do not. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its first call).
+STAND_IN_ABOVE = 170_000
+STAND_IN_SPLIT = 100_000
+_STAND_IN_OVERRIDE: list[bool] = []
+
+
+def _env_stand_in() -> bool:
+    value = os.environ.get("MLIP_ACCEL_STAND_IN", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"MLIP_ACCEL_STAND_IN={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def stand_ins_enabled() -> bool:
+    """Whether first uses may run stand-ins (runtime.first_use): a test or benchmark override, else
+    ``$MLIP_ACCEL_STAND_IN`` (default 1)."""
+    return _STAND_IN_OVERRIDE[-1] if _STAND_IN_OVERRIDE else _env_stand_in()
+
+
+def stand_ins(enabled: bool):
+    """Allow (or forbid) stand-ins inside the block."""
+    return _pushed(_STAND_IN_OVERRIDE, bool(enabled))
+
+
 @contextlib.contextmanager
 def accumulator_budget(forward: int | None = None, backward: int | None = None):
     """Override the accumulator budget of each direction (every dtype) inside the block: ``forward`` for the
