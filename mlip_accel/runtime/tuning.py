@@ -354,9 +354,10 @@ def register_step(mode: str):
 # bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of at most
 # STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. nequip-benzene's
 # forward (one program of 279 kB, 2.0-2.6 s at first use on an H200 host's 16 cores; split at 200 kB 1.5 / 1.7 s fp32 /
-# fp64, benchmarks/compile_time.md) and its fp64 gradient walks (parts of up to 187 kB, 2.1-2.2 s) take one; MACE's
-# walks (<= 165 kB, <= 1.4 s) do not. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its first call).
-STAND_IN_ABOVE = 170_000
+# fp64, benchmarks/compile_time.md) and its gradient walks (parts of up to 187 kB, 1.6-2.2 s) take one, as does
+# mace-large's fp32 double_forward (165 kB); mace-medium's walks (<= 88 kB) do not. $MLIP_ACCEL_STAND_IN=0 turns it
+# off (every walk compiled before its first call).
+STAND_IN_ABOVE = 150_000
 STAND_IN_SPLIT = 100_000
 _STAND_IN_OVERRIDE: list[bool] = []
 
