@@ -5,7 +5,7 @@ compile_many with 1..N threads). Runs on the CPU (NVRTC only, no GPU needed); th
 memory cache cleared before each compile, so every number is a cold compile.
 
     python3 scripts/compile_time.py [--problems mace-medium,...] [--dtypes float32,float64] [--threads 1,2]
-                                    [--arch 90] [--chunk-loops] [--by-direction] [--out FILE.jsonl]
+                                    [--arch 90] [--chunk-loops rule|on|off] [--by-direction] [--out FILE.jsonl]
 
 With MLIP_ACCEL_FAST_COMPILE=1 in the environment the compiles use NVRTC's --Ofast-compile=min (rows say so);
 with MLIP_ACCEL_SPLIT_KB the walks split at that many kB of phase code (0: one program each; rows say ``split_kB``).
@@ -66,10 +66,11 @@ def direction_programs(problem, dtype: str, threads: int | None = None) -> dict:
 
 
 def _background(programs, target, threads: int) -> None:
-    """The stand-ins' modules compiled as runtime.first_use compiles them: one thread at lowered priority."""
-    first_use._lower_priority()
-    compiler.compile_many([p.source for p in programs], target, [f"{p.name}.cu" for p in programs], threads,
-                          steps=[register_steps(p) for p in programs])
+    """The stand-ins' modules compiled as runtime.first_use compiles them (after the foreground's compiles, at lowered
+    priority)."""
+    first_use.in_background(lambda: compiler.compile_many([p.source for p in programs], target,
+                                                           [f"{p.name}.cu" for p in programs], threads,
+                                                           steps=[register_steps(p) for p in programs]))
 
 
 def predicted_wall(seconds: list[float], cores: int) -> float:
@@ -86,7 +87,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--arch", type=int, default=90)
-    parser.add_argument("--chunk-loops", action="store_true", help="generate with runtime.tuning's chunk loops")
+    parser.add_argument("--chunk-loops", choices=("rule", "on", "off"), default="rule",
+                        help="the walks' chunk loops: runtime.tuning's rule (as first use compiles them; default), every "
+                             "walk looped, or none (before the twenty-second session the script forced none)")
     parser.add_argument("--by-direction", action="store_true",
                         help="compile each direction's programs together, in launch order (with the most --threads), "
                              "as the first forward, backward and double backward of a training step do; one pass: "
@@ -96,8 +99,11 @@ def main() -> None:
                              "of NVRTC's or the driver's can answer it)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    with backend.chunk_loops(args.chunk_loops):
+    if args.chunk_loops == "rule":
         measure(args)
+    else:
+        with backend.chunk_loops(args.chunk_loops == "on"):
+            measure(args)
 
 
 def measure(args) -> None:
@@ -111,7 +117,9 @@ def measure(args) -> None:
             generated = hashlib.sha256("\0".join(p.source for p in programs).encode()).hexdigest()[:16]
             if args.nonce:  # a source never compiled before on this machine: NVRTC 13 answered a source compiled
                 # earlier, even in another process, in ~0.1 s (device calls of 2026-11-28)
-                tag = f"// cold-compile nonce {uuid.uuid4().hex}\n"
+                # (a declaration, not a comment: NVRTC 13 answered sources that differed by a leading comment from the
+                # cache too, twenty-second session)
+                tag = f"static __device__ int mla_cold_compile_nonce_{uuid.uuid4().hex};\n"
                 programs = [dataclasses.replace(p, source=tag + p.source) for p in programs]
             sources = [p.source for p in programs]
             row = {"problem": name, "dtype": dtype, "chunk_loops": args.chunk_loops,

@@ -215,3 +215,37 @@ def test_environment_variable(value, ok):
         assert proc.stdout.strip() == str(value == "1")
     else:
         assert proc.returncode != 0 and "MLIP_ACCEL_STAND_IN" in proc.stderr
+
+
+def test_background_compiles_wait_for_the_foreground(monkeypatch):
+    """compile_many counts as a compile a caller waits for, except in_background; wait_until_idle waits for those."""
+    running, release = threading.Event(), threading.Event()
+
+    def slow(*args):
+        running.set()
+        assert release.wait(30)
+        return []
+    monkeypatch.setattr(compiler, "_compile_many", slow)
+    assert compiler.wait_until_idle(0)
+    caller = threading.Thread(target=compiler.compile_many, args=([], None))
+    caller.start()
+    assert running.wait(30)
+    assert not compiler.wait_until_idle(0.05)  # a caller waits for its compile
+    release.set()
+    caller.join()
+    assert compiler.wait_until_idle(0)
+    running.clear()
+    release.clear()
+    order = []
+    background = threading.Thread(target=first_use.in_background, args=(lambda: order.append(
+        ("background", compiler.compile_many([], None), os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))),))
+    caller = threading.Thread(target=lambda: order.append(("caller", compiler.compile_many([], None))))
+    caller.start()
+    assert running.wait(30)
+    background.start()  # waits behind the caller's compile
+    assert not order and background.is_alive()
+    release.set()
+    caller.join()
+    background.join(30)
+    assert [o[0] for o in order] == ["caller", "background"] and order[1][2] >= min(first_use.BACKGROUND_NICE, 19)
+    assert compiler.wait_until_idle(0)  # the background's own compile was not counted

@@ -27,6 +27,7 @@ costs a warning, once per location and process, and the kernels are then kept in
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -249,6 +250,44 @@ def compile_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+# Compiles a caller waits for (compile_many outside a background thread) in progress: runtime.first_use's background
+# compile starts when there are none, so that it does not take cores from them.
+_FOREGROUND = [0]
+_IDLE = threading.Condition()
+_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def in_background():
+    """Compiles of this thread inside the block are background work: :func:`wait_until_idle` does not wait for them."""
+    _THREAD.background = True
+    try:
+        yield
+    finally:
+        _THREAD.background = False
+
+
+@contextlib.contextmanager
+def _foreground():
+    counted = not getattr(_THREAD, "background", False)
+    if counted:
+        with _IDLE:
+            _FOREGROUND[0] += 1
+    try:
+        yield
+    finally:
+        if counted:
+            with _IDLE:
+                _FOREGROUND[0] -= 1
+                _IDLE.notify_all()
+
+
+def wait_until_idle(timeout: float | None = None) -> bool:
+    """Wait until no foreground compile is in progress (at most ``timeout`` seconds); True when none is."""
+    with _IDLE:
+        return _IDLE.wait_for(lambda: _FOREGROUND[0] == 0, timeout)
+
+
 def compile_many(sources, target: Target, names=None, threads: int | None = None, to_disk_only: bool = False,
                  steps=None):
     """Compile several independent programs concurrently; [(result, seconds)] in the order of ``sources``:
@@ -258,7 +297,15 @@ def compile_many(sources, target: Target, names=None, threads: int | None = None
     source starts beside its first, so a walk that needs it waits for the slower of the two, not their sum. A
     source given twice is compiled once. Every program is attempted; when some fail, the CompileError of the
     first failing one (in the given order, its message naming the program) is raised, saying how many others
-    failed too."""
+    failed too. Counted as a compile a caller waits for (:func:`wait_until_idle`) unless called
+    :func:`in_background`."""
+    with _foreground():
+        return _compile_many(sources, target, names, threads, to_disk_only, steps)
+
+
+def _compile_many(sources, target: Target, names=None, threads: int | None = None, to_disk_only: bool = False,
+                  steps=None):
+    """compile_many's work (counted as a foreground compile by its caller)."""
     sources = list(sources)
     names = list(names) if names is not None else ["mlip_accel.cu"] * len(sources)
     steps_of = dict(zip(sources, [tuple(s) for s in steps] if steps is not None else [()] * len(sources)))

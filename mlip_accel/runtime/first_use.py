@@ -4,14 +4,15 @@ A generated module whose largest program holds more than ``tuning.STAND_IN_ABOVE
 forward: one program of 279 kB, 2.0-2.6 s of NVRTC before its first call on an H200 host) is, at its first call on a
 device whose executor has not compiled it (no disk-cache entry either), replaced by a *stand-in*: the same
 ``KernelSpec`` split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code, compiled concurrently
-(each program is one NVRTC job on one core: only where a thread per part is free) and without register steps (runtime.occupancy's second compile). The
-module's own programs compile meanwhile in one background thread at lowered priority; the first call after they
+(each program is one NVRTC job on one core: only where a thread per part is free) and without register steps
+(runtime.occupancy's second compile). The module's own programs compile in one background thread at lowered
+priority, once no compile a caller waits for is running (runtime.compiler.wait_until_idle); the first call after they
 are ready runs the module itself. Phases are independent (codegen.tensor_product.generate: disjoint accumulated
 columns, grad y summed in block order), so a stand-in's results are bitwise the module's: nothing a caller sees
 changes when it takes over, only the run time (a split forward ran 1.02-1.07x the whole one's).
 
 Where the stand-in would stay for good, the switch waits: a CUDA graph captured while a stand-in runs keeps the
-stand-in's kernels, so capture code calls :func:`settle` first (integrations.cuda_graphs, integrations.device_md),
+stand-in's kernels, so capture code calls :func:`settle` first (integrations.cuda_graphs' warm-up),
 as do the benchmarks' warm-ups (testing.timing). ``$MLIP_ACCEL_STAND_IN=0`` (or ``tuning.stand_ins(False)``)
 compiles every module before its first call, as before.
 
@@ -24,16 +25,18 @@ import concurrent.futures
 import dataclasses
 import os
 import threading
+import time
 import warnings
 
 import torch
 
 from ..codegen import GeneratedModule, generate
-from . import tuning
-from .compiler import compile_threads
+from . import compiler, tuning
 from .executor import executor_for
 
 BACKGROUND_NICE = 10  # the background compile yields the CPU to the process's own work (Linux: per thread)
+FOREGROUND_GRACE_S = 0.05  # for the caller to start compiling the stand-in it was just given
+FOREGROUND_WAIT_S = 30.0  # at most this long behind compiles callers wait for, then compiled beside them
 
 
 @dataclasses.dataclass
@@ -71,9 +74,19 @@ def _lower_priority() -> None:
         pass
 
 
-def _compile(executor, programs, device) -> None:
+def in_background(compile_programs) -> None:
+    """``compile_programs()`` as this module's background thread runs it: at lowered priority, after the compiles
+    callers wait for (the stand-in's, which the caller starts right after the module is chosen: a short grace first),
+    and not counted as one of them (scripts/compile_time.py times first uses with it)."""
     _lower_priority()
-    executor.prepare(programs, device)
+    time.sleep(FOREGROUND_GRACE_S)
+    compiler.wait_until_idle(FOREGROUND_WAIT_S)
+    with compiler.in_background():
+        compile_programs()
+
+
+def _compile(executor, programs, device) -> None:
+    in_background(lambda: executor.prepare(programs, device))
 
 
 def _start(gm: GeneratedModule, device: torch.device):
@@ -84,7 +97,7 @@ def _start(gm: GeneratedModule, device: torch.device):
     if _largest(gm) <= tuning.STAND_IN_ABOVE or executor.compiled(gm.programs, device):
         return gm
     stand_in = stand_in_for(gm)
-    if stand_in is None or len(stand_in.programs) > compile_threads():
+    if stand_in is None or len(stand_in.programs) > compiler.compile_threads():
         return gm  # fewer cores than parts: the parts would queue, and their sum is more work than the module's
     own = {p.source for p in stand_in.sequence.programs}  # the stand-in compiles the gathers and sums it shares
     programs = [p for p in gm.sequence.programs if p.source not in own]
