@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 from typing import Callable
 
 import torch
@@ -222,6 +223,8 @@ def _build_cueq_fused_tp(spec: ConvSpec, dtype, graph_cache) -> Prepared:
 
 def _build_oeq(spec: ConvSpec, dtype, graph_cache, deterministic: bool) -> Prepared:
     _require_cuda(spec, "OpenEquivariance")
+    if os.environ.get("OEQ_NOTORCH") == "1":  # device_env.sh's skip_oeq_build: no torch API, no JIT build
+        raise Unavailable("OpenEquivariance without its torch extension here (OEQ_NOTORCH=1, its JIT build skipped)")
     oeq = _require("openequivariance")
     if not getattr(oeq, "BUILT_EXTENSION", True):
         raise Unavailable(f"openequivariance's extension did not build: {getattr(oeq, 'BUILT_EXTENSION_ERROR', '?')}")
