@@ -57,11 +57,16 @@ def _largest(gm: GeneratedModule) -> int:
     return max(len(p.source) for p in gm.programs)
 
 
+def _may_stand_in(gm: GeneratedModule) -> bool:
+    return gm.spec.direction in tuning.STAND_IN_DIRECTIONS and _largest(gm) > tuning.STAND_IN_ABOVE
+
+
 def stand_in_for(gm: GeneratedModule) -> GeneratedModule | None:
     """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code,
-    no register steps), or None where ``gm``'s largest program is within ``tuning.STAND_IN_ABOVE`` or splitting
-    shrinks it by less than a quarter (one large phase: the stand-in would compile as slowly)."""
-    if _largest(gm) <= tuning.STAND_IN_ABOVE:
+    no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS``, its largest program is
+    within ``tuning.STAND_IN_ABOVE`` or splitting shrinks it by less than a quarter (one large phase: the stand-in
+    would compile as slowly)."""
+    if not _may_stand_in(gm):
         return None
     stand_in = generate(dataclasses.replace(gm.spec, split_bytes=tuning.STAND_IN_SPLIT, register_step=False))
     return stand_in if _largest(stand_in) < 0.75 * _largest(gm) else None
@@ -94,7 +99,7 @@ def _start(gm: GeneratedModule, device: torch.device):
     executor = executor_for(device)
     if not (tuning.stand_ins_enabled() and hasattr(executor, "compiled") and hasattr(executor, "prepare")):
         return gm
-    if _largest(gm) <= tuning.STAND_IN_ABOVE or executor.compiled(gm.programs, device):
+    if not _may_stand_in(gm) or executor.compiled(gm.programs, device):  # a warm start generates nothing more
         return gm
     stand_in = stand_in_for(gm)
     if stand_in is None or len(stand_in.programs) > compiler.compile_threads():

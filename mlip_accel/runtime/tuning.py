@@ -350,13 +350,15 @@ def register_step(mode: str):
     return _pushed(_REGISTER_STEP_OVERRIDE, mode)
 
 
-# First use of a slowly compiling walk (runtime.first_use): a walk whose largest program holds more than STAND_IN_ABOVE
-# bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of at most
-# STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. nequip-benzene's
-# forward (one program of 279 kB, 2.0-2.6 s at first use on an H200 host's 16 cores; split at 200 kB 1.5 / 1.7 s fp32 /
-# fp64, benchmarks/compile_time.md) and its gradient walks (parts of up to 187 kB, 1.6-2.2 s) take one, as does
-# mace-large's fp32 double_forward (165 kB); mace-medium's walks (<= 88 kB) do not. $MLIP_ACCEL_STAND_IN=0 turns it
-# off (every walk compiled before its first call).
+# First use of a slowly compiling walk (runtime.first_use): a forward or backward walk whose largest program holds more
+# than STAND_IN_ABOVE bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of
+# at most STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. Measured
+# (H200 host, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.13 -> 1.30 s (fp32) and 2.68 ->
+# 0.98 s (fp64), its backward 1.75 -> 1.20 s and 2.03 -> 1.31 s. Not the double backward's two walks: compiled together,
+# their stand-ins were 17 NVRTC jobs on 16 cores and took longer than the modules (fp32 2.47 against 1.76 s).
+# mace-medium's walks (<= 88 kB) never take one. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its
+# first call).
+STAND_IN_DIRECTIONS = ("forward", "backward")
 STAND_IN_ABOVE = 150_000
 STAND_IN_SPLIT = 100_000
 _STAND_IN_OVERRIDE: list[bool] = []
