@@ -158,7 +158,7 @@ def test_a_failed_background_compile_keeps_the_stand_in_and_warns_once(emulator,
 
 
 def test_stand_in_spec_is_the_module_split_without_register_steps(monkeypatch):
-    spec = KernelSpec(random_uvu_problem(SEED), "float32", "backward", "det", budget=3)
+    spec = KernelSpec(random_uvu_problem(SEED), "float32", "backward", "det", budget=3, register_step=True)
     gm = generate(spec)
     monkeypatch.setattr(tuning, "STAND_IN_ABOVE", 1)
     assert first_use.stand_in_for(generate(dataclasses.replace(spec, direction="double_backward"))) is None

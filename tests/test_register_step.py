@@ -177,3 +177,22 @@ def test_only_the_measured_walks_take_a_step():
                module_for(problem, "float32", "forward", "atomic"),
                module_for(problem, "float32", "forward", "tp")):
         assert all(register_steps(p) == () for p in gm.programs)
+
+
+@pytest.mark.parametrize("value,tabulated", [("", False), ("0", False), ("1", True), ("yes", None)])
+def test_tabulated_walks_take_a_step_only_when_asked(value, tabulated):
+    """$MLIP_ACCEL_REGISTER_STEP_TABULATED=1 lets the tabulated walks take a step (an A/B of the ASE call's walks)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from mlip_accel.runtime import tuning; "
+            "print(tuning.register_step_applies('det', True), tuning.register_step_applies('det', False), "
+            "tuning.register_step_applies('atomic', False))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "MLIP_ACCEL_REGISTER_STEP_TABULATED": value})
+    if tabulated is None:
+        assert proc.returncode != 0 and "MLIP_ACCEL_REGISTER_STEP_TABULATED" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == [str(tabulated), "True", "False"]

@@ -106,10 +106,10 @@ class KernelSpec:
     # adding its part to it. The last two allocate no partials. A request: generate() applies it where it fits
     # (:func:`grad_y_sum_applies`), else sums partials.
     grad_y_sum: str = "partials"
-    # whether runtime.occupancy may compile the walk again bounded to a step of blocks per SM (where the plans say
-    # the walk kind was measured: see walk_plan). False for a first use's stand-in (runtime.first_use), compiled
-    # for a short wait, not for its run time. Same bits either way.
-    register_step: bool = True
+    # whether runtime.occupancy may compile the walk again bounded to a step of blocks per SM (the plan's tuning
+    # ``register_step``). runtime.tuning.register_step_applies says which walks (the kinds measured); a first use's
+    # stand-in (runtime.first_use), compiled for a short wait, never. Same bits either way.
+    register_step: bool = False
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -1033,11 +1033,8 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
     return LaunchPlan(family=FAMILY, kernel=spec.name, arguments=args, grid=grid, zero_outputs=zero,
                       tuning=(("accumulators_per_lane", spec.budget), ("block_threads", threads),
                               ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum),
-                              # runtime.occupancy may compile it again bounded to a step of blocks per SM: the
-                              # deterministic walks without a table (measured); the tabulated walks (the ASE call's),
-                              # the atomic ones and the batched tensor product's were not
-                              ("register_step", int(spec.register_step and spec.variant == "det"
-                                                    and not spec.tabulated))))
+                              # runtime.occupancy may compile it again bounded to a step of blocks per SM
+                              ("register_step", int(spec.register_step))))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
 from . import first_use
-from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, register_step_mode,
-                     split_bytes, grad_y_sum_mode)
+from .tuning import (budget_for, chunk_loops_enabled, gz_e3nn_enabled, prefetch_level, register_step_applies,
+                     register_step_mode, split_bytes, grad_y_sum_mode)
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -31,11 +31,12 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     split = split_bytes(direction)
     hints = prefetch_level(direction, problem, variant, tabulated, harmonics is not None)
     gy_sum = grad_y_sum_mode(variant, direction, dtype, problem)
+    step = register_step_applies(variant, tabulated)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum,
+           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step,
            register_step_mode())  # compiled under it (runtime.occupancy): a module per setting
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
-                                                 tabulated, gz_e3nn, harmonics, split, hints, gy_sum))
+                                                 tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step))
     return gm if device is None else first_use.module(gm, device)

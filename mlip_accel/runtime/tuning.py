@@ -337,6 +337,23 @@ def _env_register_step() -> str:
     return "off" if value == "0" else "rule"
 
 
+# Which walks may take a register step (KernelSpec.register_step): the deterministic convolution's walks without a radial
+# table, the kind measured (benchmarks/occupancy_21st.md). The tabulated walks (the ASE call's: MACE-MP-0-medium's fp32
+# forward at 183 registers) only with $MLIP_ACCEL_REGISTER_STEP_TABULATED=1 (an A/B, unmeasured); the atomic variant's
+# and the batched tensor product's were not measured.
+@functools.lru_cache(maxsize=None)
+def _env_step_tabulated() -> bool:
+    value = os.environ.get("MLIP_ACCEL_REGISTER_STEP_TABULATED", "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"MLIP_ACCEL_REGISTER_STEP_TABULATED={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+def register_step_applies(variant: str, tabulated: bool) -> bool:
+    """Whether a walk of ``variant`` (with a radial table or not) is generated with ``register_step`` set."""
+    return variant == "det" and (not tabulated or _env_step_tabulated())
+
+
 def register_step_mode() -> str:
     """"rule", "off" or "force": a test or benchmark override, else ``$MLIP_ACCEL_REGISTER_STEP``."""
     return _REGISTER_STEP_OVERRIDE[-1] if _REGISTER_STEP_OVERRIDE else _env_register_step()
