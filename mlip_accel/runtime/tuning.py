@@ -370,8 +370,8 @@ def register_step(mode: str):
 # First use of a slowly compiling walk (runtime.first_use): a forward or backward walk whose largest program holds more
 # than STAND_IN_ABOVE bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of
 # at most STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. Measured
-# (H200 host, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.13 -> 1.30 s (fp32) and 2.68 ->
-# 0.98 s (fp64), its backward 1.75 -> 1.20 s and 2.03 -> 1.31 s. Not the double backward's two walks: compiled together,
+# (H200 hosts, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.1-3.9 -> 1.0-1.3 s (fp32) and
+# 2.7-3.2 -> 0.7-1.0 s (fp64), its backward 1.75-2.0 -> 1.0-1.2 s and 2.0-2.1 -> 1.1-1.3 s. Not the double backward's two walks: compiled together,
 # their stand-ins were 17 NVRTC jobs on 16 cores and took longer than the modules (fp32 2.47 against 1.76 s).
 # mace-medium's walks (<= 88 kB) never take one. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its
 # first call).
