@@ -205,6 +205,19 @@ def test_compiler_knows_what_it_has_cached(tmp_path, monkeypatch):
     assert compiler.cached(source, target)  # memory and disk
     compiler.clear_memory_cache()
     assert compiler.cached(source, target)  # disk
+    # hostile entries: a corrupt file counts as cached (not read here) and its load recompiles it; a directory in the
+    # entry's place does not count
+    _, _, path = compiler._entry(source, target)
+    image = path.read_bytes()
+    path.write_bytes(image[: len(image) // 2])
+    compiler.clear_memory_cache()
+    assert compiler.cached(source, target)
+    with pytest.warns(compiler.CacheWarning, match="unusable"):
+        assert compiler.compile_source(source, target)[:4] == b"\x7fELF"
+    path.unlink()
+    path.mkdir()
+    compiler.clear_memory_cache()
+    assert not compiler.cached(source, target)
     monkeypatch.setenv(compiler.CACHE_ENV, "off")
     assert not compiler.cached(source, target)
 
