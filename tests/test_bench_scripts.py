@@ -352,3 +352,14 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert seen[("prefetch", "L2-dfw")]["double_backward"] == seen[("prefetch", "none")]["double_backward"]
     assert "/loops" in seen[("loops", "looped")]["forward"] and "/loops" not in seen[("loops", "unrolled")]["backward"]
     assert seen[("gz", "e3nn")]["backward"].endswith("/gze") and "/gze" not in seen[("gz", "gathered")]["backward"]
+
+
+def test_sender_tiles_counts_distinct_rows_per_tile():
+    """scripts/sender_tiles.py: distinct gathered rows per edge and lockstep use over tiles of consecutive keys."""
+    import sender_tiles
+
+    keys = torch.tensor([0, 0, 1, 1, 2, 3])  # senders 0-3; tile 2 groups {0, 1} and {2, 3}
+    others = torch.tensor([5, 6, 5, 7, 5, 5])
+    assert sender_tiles.tile_stats(keys, others, 8, 1) == (1.0, 1.0)
+    rows, use = sender_tiles.tile_stats(keys, others, 8, 2)  # {5, 6, 7} and {5}: 4 rows for 6 edges
+    assert rows == pytest.approx(4 / 6) and use == pytest.approx(6 / (2 * 4))
