@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import heapq
 import json
@@ -40,14 +41,14 @@ from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs  # 
 DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 
 
+@functools.lru_cache(maxsize=None)
 def first_use_module(problem, dtype: str, direction: str, threads: int | None):
     """The module a first call of ``direction`` compiles before it runs: with ``threads`` (the first-use runs) and
-    stand-ins allowed, the stand-in runtime.first_use would take (a thread per part free), else the module."""
+    stand-ins allowed, the stand-in runtime.first_use would take, else the module (cached: asked several times)."""
     gm = backend.module_for(problem, dtype, direction, "det")
     if threads is None or not tuning.stand_ins_enabled():
         return gm
-    stand_in = first_use.stand_in_for(gm)
-    return gm if stand_in is None or len(stand_in.programs) > threads else stand_in
+    return first_use.stand_in_for(gm, threads) or gm
 
 
 def step_programs(problem, dtype: str, threads: int | None = None) -> list:

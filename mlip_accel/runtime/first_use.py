@@ -61,15 +61,18 @@ def _may_stand_in(gm: GeneratedModule) -> bool:
     return gm.spec.direction in tuning.STAND_IN_DIRECTIONS and _largest(gm) > tuning.STAND_IN_ABOVE
 
 
-def stand_in_for(gm: GeneratedModule) -> GeneratedModule | None:
+def stand_in_for(gm: GeneratedModule, threads: int | None = None) -> GeneratedModule | None:
     """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code,
     no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS``, its largest program is
-    within ``tuning.STAND_IN_ABOVE`` or splitting shrinks it by less than a quarter (one large phase: the stand-in
-    would compile as slowly)."""
+    within ``tuning.STAND_IN_ABOVE``, splitting shrinks it by less than a quarter (one large phase: the stand-in
+    would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads (the parts
+    would queue, and their sum is more work than the module's)."""
     if not _may_stand_in(gm):
         return None
     stand_in = generate(dataclasses.replace(gm.spec, split_bytes=tuning.STAND_IN_SPLIT, register_step=False))
-    return stand_in if _largest(stand_in) < 0.75 * _largest(gm) else None
+    if _largest(stand_in) >= 0.75 * _largest(gm) or (threads is not None and len(stand_in.programs) > threads):
+        return None
+    return stand_in
 
 
 def _lower_priority() -> None:
@@ -101,9 +104,9 @@ def _start(gm: GeneratedModule, device: torch.device):
         return gm
     if not _may_stand_in(gm) or executor.compiled(gm.programs, device):  # a warm start generates nothing more
         return gm
-    stand_in = stand_in_for(gm)
-    if stand_in is None or len(stand_in.programs) > compiler.compile_threads():
-        return gm  # fewer cores than parts: the parts would queue, and their sum is more work than the module's
+    stand_in = stand_in_for(gm, compiler.compile_threads())
+    if stand_in is None:
+        return gm
     own = {p.source for p in stand_in.sequence.programs}  # the stand-in compiles the gathers and sums it shares
     programs = [p for p in gm.sequence.programs if p.source not in own]
     future = concurrent.futures.Future()

@@ -183,6 +183,15 @@ def env_number(name: str, kind=int, minimum=0, what: str = "an integer >= 0"):
     return number
 
 
+def env_flag(name: str) -> bool | None:
+    """``$name`` as a switch: True for "1", False for "0", None when unset or blank; a ValueError that names it
+    otherwise."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1")
+    return None if not value else value == "1"
+
+
 @functools.lru_cache(maxsize=None)
 def _env_split() -> float | None:
     """``$MLIP_ACCEL_SPLIT_KB``, read at the first walk generated (a bad value then fails every generation, not the
@@ -331,10 +340,7 @@ _REGISTER_STEP_OVERRIDE: list[str] = []
 
 @functools.lru_cache(maxsize=None)
 def _env_register_step() -> str:
-    value = os.environ.get("MLIP_ACCEL_REGISTER_STEP", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"MLIP_ACCEL_REGISTER_STEP={value!r}: expected 0 or 1")
-    return "off" if value == "0" else "rule"
+    return "off" if env_flag("MLIP_ACCEL_REGISTER_STEP") is False else "rule"
 
 
 # Which walks may take a register step (KernelSpec.register_step): the deterministic convolution's walks without a radial
@@ -343,10 +349,7 @@ def _env_register_step() -> str:
 # and the batched tensor product's were not measured.
 @functools.lru_cache(maxsize=None)
 def _env_step_tabulated() -> bool:
-    value = os.environ.get("MLIP_ACCEL_REGISTER_STEP_TABULATED", "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"MLIP_ACCEL_REGISTER_STEP_TABULATED={value!r}: expected 0 or 1")
-    return value == "1"
+    return env_flag("MLIP_ACCEL_REGISTER_STEP_TABULATED") is True
 
 
 def register_step_applies(variant: str, tabulated: bool) -> bool:
@@ -371,8 +374,9 @@ def register_step(mode: str):
 # than STAND_IN_ABOVE bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of
 # at most STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. Measured
 # (H200 hosts, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.1-3.9 -> 1.0-1.3 s (fp32) and
-# 2.7-3.2 -> 0.7-1.0 s (fp64), its backward 1.75-2.0 -> 1.0-1.2 s and 2.0-2.1 -> 1.1-1.3 s. Not the double backward's two walks: compiled together,
-# their stand-ins were 17 NVRTC jobs on 16 cores and took longer than the modules (fp32 2.47 against 1.76 s).
+# 2.7-3.2 -> 0.7-1.0 s (fp64), its backward 1.75-2.0 -> 1.0-1.2 s and 2.0-2.1 -> 1.1-1.3 s. Not the double backward's
+# two walks: compiled together, their stand-ins were 17 NVRTC jobs on 16 cores and took longer than the modules (fp32
+# 2.47 against 1.76 s).
 # mace-medium's walks (<= 88 kB) never take one. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its
 # first call).
 STAND_IN_DIRECTIONS = ("forward", "backward")
