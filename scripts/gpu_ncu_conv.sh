@@ -4,15 +4,16 @@
 # root, .whl/common carried. Results under $OUT: ncu_<problem>_<dtype>_<graph>.txt and a digest in summary.txt.
 #
 #   OUT=/path PROBLEM=mace-medium DTYPE=float32 GRAPH=carbon-8k bash scripts/gpu_ncu_conv.sh
-# KERNELS: the regex of kernel names to profile (default: the forward walk and the backward walk of grads x, y, w).
+# KERNELS: the regex of kernel names to profile (default: the forward walk and the backward walk of grads x, y, w);
+# SKIP, COUNT: matching launches skipped (default 2: the first round's) and profiled (default 2).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_ncu_conv || exit 1
 PROBLEM=${PROBLEM:-mace-medium}; DTYPE=${DTYPE:-float32}; GRAPH=${GRAPH:-carbon-8k}
 KERNELS=${KERNELS:-regex:mla_conv_det_(for|bac_xyw)_f(32|64)$}
-report="$OUT/ncu_${PROBLEM}_${DTYPE}_${GRAPH}.txt"
+report="$OUT/ncu_${PROBLEM}_${DTYPE}_${GRAPH}${TAG:-}.txt"
 # the second round (the first compiles and warms up): forward walk, backward walk
-timeout ${NCU_TIMEOUT:-300} ncu --launch-skip 2 --launch-count 2 -k "$KERNELS" \
+timeout ${NCU_TIMEOUT:-300} ncu --launch-skip ${SKIP:-2} --launch-count ${COUNT:-2} -k "$KERNELS" \
   --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
   --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
   --section ComputeWorkloadAnalysis --section SourceCounters \

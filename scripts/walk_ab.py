@@ -6,15 +6,18 @@ against none
 every walk looped (``--what loops``: KernelSpec.chunk_loops), or the walks by sender reading grad_z gathered against in
 e3nn's columns (``--what gz``: KernelSpec.gz_e3nn), or the walks' grad y summed from per-block partials against
 summed by y-blocks stacked in one block and in place by one launch per y-block (``--what gysum``:
-KernelSpec.grad_y_sum). For each problem and dtype, on a random graph of
+KernelSpec.grad_y_sum), or the backward by sender in order against over tiles of senders (``--what tiles``:
+KernelSpec.sender_tiles; tile_blocks sizes its blocks), or the walks by sender contracting A with grad_z twice
+against once (``--what contract``: KernelSpec.contract_once). For each problem and dtype, on a random graph of
 carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
 list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
 setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
-with the first setting's.
+with the first setting's (outputs above 16 M elements: every n-th element of them).
 
-    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum] [--problems nequip-benzene,mace-large]
-                               [--dtypes float32,float64] [--graph random|carbon-1k|carbon-8k] [--rounds 5]
-                               [--limit-kb 200] [--flush] [--forward-epw 40,80] [--out DIR]
+    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract]
+                               [--problems nequip-benzene,mace-large] [--dtypes float32,float64]
+                               [--graph random|carbon-1k|carbon-8k] [--rounds 5]
+                               [--limit-kb 200] [--flush] [--forward-epw 40,80] [--backward-epw 64] [--out DIR]
 
 Writes walk_ab_<what>.json and walk_ab_<what>.md (medians over rounds of each round's median, ratio to the first
 setting).
@@ -58,6 +61,18 @@ def settings(what: str, limit: int) -> dict:
                 "e3nn": lambda: tuning.gz_e3nn(True, untabulated=True)}
     if what == "gysum":  # grad y from per-block partials summed after the walk, or summed without partials
         return {mode: (lambda m=mode: tuning.grad_y_sum(m)) for mode in ("partials", "stacked", "in_place")}
+    if what == "tiles":  # the backward by sender in order, or over tiles of 4 / 8 senders (codegen/tile_walk.py), the
+        # last also with longer and shorter blocks (tile_blocks: about that many blocks per call)
+        return {"order": lambda: tuning.sender_tiles(0), "t4": lambda: tuning.sender_tiles(4),
+                "t8": lambda: tuning.sender_tiles(8),
+                "t8-b1024": lambda: _both(tuning.sender_tiles(8), tuning.tile_blocks(1024)),
+                "t8-b4096": lambda: _both(tuning.sender_tiles(8), tuning.tile_blocks(4096)),
+                # whole waves: m x the blocks resident at once (SMs x TILE_RESIDENT: mace-medium fp32's tiled walk,
+                # 80 registers and 36 kB of shared memory, keeps 6 blocks of 128 threads per SM)
+                **{f"t8-w{m}": (lambda m=m: _both(tuning.sender_tiles(8), tuning.tile_blocks(m * _resident())))
+                   for m in (2, 3, 4)}}
+    if what == "contract":  # the walks by sender contracting A with grad_z twice (for grad x, for grad w) or once
+        return {"twice": lambda: tuning.contract_once(False), "once": lambda: tuning.contract_once(True)}
     if what == "loops":  # the chunk-loops rule against every walk unrolled / every walk looped
         return {"rule": contextlib.nullcontext, "unrolled": lambda: tuning.chunk_loops(False),
                 "looped": lambda: tuning.chunk_loops(True)}
@@ -66,6 +81,15 @@ def settings(what: str, limit: int) -> dict:
             # one walk of the double backward hinted: which of the two pays
             "L2-dfw": lambda: tuning.prefetch("L2", ("forward", "backward", "double_forward")),
             "L2-dbw": lambda: tuning.prefetch("L2", ("forward", "backward", "double_backward"))}
+
+
+TILE_RESIDENT = 6
+
+
+def _resident() -> int:
+    """Blocks of the tiled walk resident at once on this GPU (``--what tiles``' whole-wave settings)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    return sms * TILE_RESIDENT
 
 
 def _both(*contexts) -> contextlib.ExitStack:
@@ -91,7 +115,9 @@ def describe(problem, dt: str) -> dict:
     mods = {d: module_for(problem, dt, d, "det") for d in DIRECTIONS}
     return {d: f"{len(gm.walk_plans)}{'/' + gm.spec.prefetch if gm.spec.prefetch else ''}"
                f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}"
-            f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}{bounds(gm)}"
+            f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}"
+            f"{f'/tl{tiles}' if (tiles := getattr(gm.spec, 'sender_tiles', 0)) else ''}"
+            f"{'/c1' if getattr(gm.spec, 'contract_once', False) else ''}{bounds(gm)}"
             for d, gm in mods.items()}
 
 
@@ -118,13 +144,38 @@ def with_epw(fn, epw: int):
     return call
 
 
+SAMPLE = 1 << 24
+
+
+def sample(t: torch.Tensor) -> torch.Tensor:
+    """``t`` flat, or above :data:`SAMPLE` elements every n-th of them: what is kept of an output to compare (at 8000
+    atoms a grad W is 13-20 GB; the first setting's outputs and the next's did not fit the GPU together)."""
+    flat = t.detach().reshape(-1)
+    step = -(-flat.numel() // SAMPLE)
+    return flat[::step].clone() if step > 1 else flat
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor, chunk: int = 1 << 24) -> float:
+    """testing.errors.rel_err(a, b) (max |a - b| / max |b|, inf where ``a`` is not finite) in chunks: the outputs at
+    8000 atoms (grad W: 13 GB in fp32) leave no room for a float64 copy of the whole."""
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    num, den = 0.0, 0.0
+    for i in range(0, a.numel(), chunk):
+        x, y = a[i:i + chunk].double(), b[i:i + chunk].double()
+        if not torch.isfinite(x).all():
+            return float("inf")
+        num, den = max(num, float((x - y).abs().max())), max(den, float(y.abs().max()))
+    return num / max(den, 1e-30) if a.numel() else 0.0
+
+
 def flat(outs) -> list:
     return [t for o in outs for t in (o if isinstance(o, (tuple, list)) else (o,)) if t is not None]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--what", choices=("split", "occupancy", "prefetch", "loops", "gz", "gysum"), default="split")
+    parser.add_argument("--what", default="split", choices=("split", "occupancy", "prefetch", "loops", "gz", "gysum",
+                                                             "tiles", "contract"))
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")
@@ -140,6 +191,8 @@ def main() -> None:
     parser.add_argument("--forward-epw", default="",
                         help="also time the forward with these edges per warp (comma list; "
                              "runtime.tuning.edges_per_warp)")
+    parser.add_argument("--backward-epw", default="",
+                        help="also time the backward with these edges per warp (tiled: per block; comma list)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
     limit = int(args.limit_kb * 1000)
@@ -156,16 +209,23 @@ def main() -> None:
             dtype = dtype_of(dt)
             tensors = case(problem, dtype, args.nodes, args.edges, args.graph)
             fns = calls(problem, tensors)
-            for epw in filter(None, args.forward_epw.split(",")):
-                fns[f"fwd_epw{epw}"] = with_epw(fns["fwd"], int(epw))
-            generated, outputs = {}, {}
+            for call, epws in (("fwd", args.forward_epw), ("bwd", args.backward_epw)):
+                for epw in filter(None, epws.split(",")):
+                    fns[f"{call}_epw{epw}"] = with_epw(fns[call], int(epw))
+            generated, same, diff, baseline = {}, {}, {}, None
             for label, setting in chosen.items():
                 with setting():
-                    outputs[label] = flat([fn() for fn in fns.values()])  # compiles; kept to compare
+                    # compiles; each call's outputs sampled before the next call (at 8000 atoms they are large)
+                    outputs = [sample(t) for fn in fns.values() for t in flat([fn()])]
                     generated[label] = describe(problem, dt)
-            same = {label: all(torch.equal(a, b) for a, b in zip(outputs[labels[0]], outputs[label]))
-                    for label in labels[1:]}
-            del outputs
+                if baseline is None:  # the first setting's outputs, kept to compare (one setting's at a time)
+                    baseline = outputs
+                    continue
+                same[label] = all(torch.equal(a, b) for a, b in zip(baseline, outputs))
+                # where not bitwise (tiles sum grad x in another order): the largest relative difference of an output
+                diff[label] = max(max_rel(a, b) for a, b in zip(outputs, baseline))
+                del outputs
+            del baseline
             times = {(label, k): [] for label in labels for k in fns}
             for _ in range(args.rounds):
                 for label, setting in chosen.items():
@@ -173,7 +233,7 @@ def main() -> None:
                         for k, fn in fns.items():
                             times[(label, k)].append(time_cuda(fn, flusher, fixed_reps(args.reps)).median_ms)
             row = {"problem": name, "dtype": dt, "graph": args.graph, "what": args.what, "settings": labels,
-                   "generated": generated, "bitwise_equal": same, "flush_l2": args.flush}
+                   "generated": generated, "bitwise_equal": same, "max_rel_diff": diff, "flush_l2": args.flush}
             if args.what == "split":
                 row["limit_kB"] = limit / 1000
             for k in fns:
@@ -194,16 +254,18 @@ def main() -> None:
              f"{'flushed' if args.flush else 'warm'}; ratio = setting / {labels[0]}; generated = walk programs"
              f"[/hint level] per direction (fwd, bwd, dfw, dbw).", "",
              "| problem | dtype | setting | generated | " + " | ".join(f"{k} ms (ratio)" for k in CALLS)
-             + " | bitwise |", "|---|---|---|---|" + "---|" * len(CALLS) + "---|"]
+             + " | bitwise (max rel. diff) |", "|---|---|---|---|" + "---|" * len(CALLS) + "---|"]
     for r in rows:
         for label in labels:
             g = r["generated"][label]
             lines.append(f"| {r['problem']} | {r['dtype']} | {label} | {','.join(g[d] for d in DIRECTIONS)} | "
                          + " | ".join(f"{r[f'{k}_{label}_ms']:.3f} ({r[f'{k}_{label}_ratio']:.3f})" for k in CALLS)
-                         + f" | {r['bitwise_equal'].get(label, '-')} |")
-    extra = sorted({k.split("_")[0] + "_" + k.split("_")[1] for r in rows for k in r if k.startswith("fwd_epw")})
+                         + f" | {r['bitwise_equal'].get(label, '-')}"
+                         + (f" ({r['max_rel_diff'][label]:.1e})" if label in r["max_rel_diff"] else "") + " |")
+    extra = sorted({k.split("_")[0] + "_" + k.split("_")[1] for r in rows for k in r
+                    if k.startswith(("fwd_epw", "bwd_epw"))})
     if extra:
-        lines += ["", "Forward with forced edges per warp (ms per setting):", ""]
+        lines += ["", "Forward / backward with forced edges per warp (ms per setting):", ""]
         for r in rows:
             lines.append(f"- {r['problem']} {r['dtype']}: " + "; ".join(
                 f"{k}: " + " / ".join(f"{r[f'{k}_{label}_ms']:.3f}" for label in labels) for k in extra))

@@ -75,6 +75,10 @@ template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_exc
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) {
   return emu_exchange(v, (int)(threadIdx.x & 31) ^ mask);
 }
+template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned delta) {  // lanes below delta keep their own
+  const int lane = (int)(threadIdx.x & 31);
+  return emu_exchange(v, lane >= (int)delta ? lane - (int)delta : lane);
+}
 
 // Every lane of the warp must call it (a full warp: blocks of a multiple of 32 threads).
 inline unsigned __ballot_sync(unsigned, bool predicate) {

@@ -2,6 +2,8 @@
 one tiny end-to-end run of bench_kernels.py on the CPU (no timing is asserted)."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import sys
 from pathlib import Path
@@ -337,9 +339,11 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert [k for k, _, _ in report] == [gm.walk_kernel] and 0 < report[0][1] <= 255 and report[0][2] >= 0
     seen = {}
     modes = {}
-    for what in ("split", "prefetch", "loops", "gz", "occupancy"):
+    for what in ("split", "prefetch", "loops", "gz", "occupancy", "tiles", "contract"):
         for label, setting in walk_ab.settings(what, 1).items():
-            with setting(), tuning.accumulator_budget(forward=4, backward=3):
+            # tiles: the looped backward with one phase
+            loops = tuning.chunk_loops(True) if what == "tiles" else contextlib.nullcontext()
+            with setting(), loops, tuning.accumulator_budget(forward=4, backward=3 if what != "tiles" else 64):
                 seen[(what, label)] = walk_ab.describe(problem, "float32")  # (no GPU here: no bounds to print)
                 modes[(what, label)] = tuning.register_step_mode()
     # the register-step settings change the compile, not the source: the same walks, each under its own mode
@@ -348,10 +352,15 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
         ["off", "rule", "force", "off", "rule"]
     assert seen[("occupancy", "split-rule")]["backward"] == seen[("split", "split")]["backward"]
     assert seen[("split", "split")]["backward"] != seen[("split", "one")]["backward"]  # 1 byte: a part per phase
-    assert seen[("prefetch", "L2")]["backward"].endswith("/L2") and "/L" not in seen[("prefetch", "none")]["backward"]
+    assert "/L2" in seen[("prefetch", "L2")]["backward"] and "/L" not in seen[("prefetch", "none")]["backward"]
     assert seen[("prefetch", "L2-dfw")]["double_backward"] == seen[("prefetch", "none")]["double_backward"]
     assert "/loops" in seen[("loops", "looped")]["forward"] and "/loops" not in seen[("loops", "unrolled")]["backward"]
-    assert seen[("gz", "e3nn")]["backward"].endswith("/gze") and "/gze" not in seen[("gz", "gathered")]["backward"]
+    assert "/gze" in seen[("gz", "e3nn")]["backward"] and "/gze" not in seen[("gz", "gathered")]["backward"]
+    twice, once = seen[("contract", "twice")], seen[("contract", "once")]
+    assert once["backward"].endswith("/c1") and once["double_backward"].endswith("/c1")
+    assert "/c1" not in twice["backward"] and "/c1" not in once["forward"]
+    assert "/tl" not in seen[("tiles", "order")]["backward"] and "/tl4" in seen[("tiles", "t4")]["backward"]
+    assert "/tl8" in seen[("tiles", "t8-b1024")]["backward"] and "/tl" not in seen[("tiles", "t8")]["forward"]
 
 
 def test_sender_tiles_counts_distinct_rows_per_tile():
@@ -363,3 +372,25 @@ def test_sender_tiles_counts_distinct_rows_per_tile():
     assert sender_tiles.tile_stats(keys, others, 8, 1) == (1.0, 1.0)
     rows, use = sender_tiles.tile_stats(keys, others, 8, 2)  # {5, 6, 7} and {5}: 4 rows for 6 edges
     assert rows == pytest.approx(4 / 6) and use == pytest.approx(6 / (2 * 4))
+
+
+def test_walk_ab_max_rel_is_rel_err_in_chunks():
+    """walk_ab.py compares 8000-atom outputs in chunks: the same number as testing.errors.rel_err."""
+    import walk_ab
+    from mlip_accel.testing.errors import rel_err
+
+    a, b = torch.randn(1000, dtype=torch.float32), torch.randn(1000, dtype=torch.float32)
+    assert walk_ab.max_rel(a, b, chunk=7) == pytest.approx(rel_err(a, b), rel=1e-12)
+    a[500] = float("nan")
+    assert walk_ab.max_rel(a, b, chunk=7) == float("inf")
+    assert walk_ab.max_rel(torch.empty(0), torch.empty(0)) == 0.0
+
+
+def test_walk_ab_samples_large_outputs():
+    import walk_ab
+
+    small = torch.arange(10.0)
+    assert walk_ab.sample(small).data_ptr() == small.data_ptr()  # kept whole
+    big = torch.arange(float(walk_ab.SAMPLE * 2 + 3))
+    kept = walk_ab.sample(big)
+    assert kept.numel() <= walk_ab.SAMPLE and kept[1] == 3.0 and kept[-1] == big[(kept.numel() - 1) * 3]

@@ -106,8 +106,9 @@ def test_two_walks_and_their_plans(emulated):
     before = len(emulated.launches)
     fused = op(x, y, w, gz, *gg, dst, src, *orders, key, "cuda")
     kernels = [k for k, _, _ in emulated.launches[before:] if "_conv_" in k]  # (gathers, ordered sums aside)
-    assert kernels == ["mla_conv_det_dfw_xyw_f64", "mla_conv_det_dfw_xyw_f64_fixup", "mla_conv_det_dbw_xyw_f64",
-                       "mla_conv_det_dbw_xyw_f64_fixup"]
+    # (the walk by sender contracts A and B with grad_z once: _c1, runtime.tuning.CONTRACT_ONCE)
+    assert kernels == ["mla_conv_det_dfw_xyw_f64", "mla_conv_det_dfw_xyw_f64_fixup", "mla_conv_det_dbw_xyw_c1_f64",
+                       "mla_conv_det_dbw_xyw_c1_f64_fixup"]
     before = len(emulated.launches)
     with backends.composed_double_backward():
         composed = op(x, y, w, gz, *gg, dst, src, *orders, key, "cuda")

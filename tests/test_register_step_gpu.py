@@ -25,8 +25,8 @@ def test_bounded_walks_equal_unbounded_and_the_reference(name, dtype, mode):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 def test_tabulated_walks_bounded_equal_unbounded(dtype, monkeypatch):
-    """$MLIP_ACCEL_REGISTER_STEP_TABULATED=1 (the ASE call's walks; off by default): the tabulated forward and backward
-    bounded one block above ptxas's choice ("force") give bitwise the unbounded walks' outputs."""
+    """The tabulated walks (the ASE call's; $MLIP_ACCEL_REGISTER_STEP_TABULATED=0 turns their step off): the tabulated
+    forward and backward bounded one block above ptxas's choice ("force") give bitwise the unbounded walks' outputs."""
     from test_tabulated_conv import R_MAX, _lengths, _table
 
     from kernel_cases import graph, inputs, random_uvu_problem

@@ -24,6 +24,7 @@ from ..problem import irreps_str
 from .emit import Lines, template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
 from .sequence import Buffer, LaunchSequence, Program, Scalar, Step, Tensor
+from .tile_walk import TILE_BLOCKS
 
 FAMILY = "steps"
 GATHER_THREADS = 128
@@ -134,7 +135,8 @@ def walk_sequence(gm, edges_per_warp) -> LaunchSequence:
     columns = {"D_IN1": p.irreps_in1, "D_IN2": p.irreps_in2, "D_OUT": p.irreps_out}
     walk_plan, fixup_plan = gm.walk_plan, gm.fixup_plan
     programs = {p.name: p for p in gm.programs}  # the walk's (one, or one per part, then the fixup's)
-    scalars = (Scalar("num_edges"), Scalar("nodes"), Scalar("edges_per_warp", edges_per_warp, tunable=True),
+    tiles = (Scalar("tile_blocks", TILE_BLOCKS, tunable=True),) if getattr(gm.spec, "sender_tiles", 0) else ()
+    scalars = (Scalar("num_edges"), Scalar("nodes"), *tiles, Scalar("edges_per_warp", edges_per_warp, tunable=True),
                Scalar("warps", ("cdiv", "num_edges", "edges_per_warp")))
     if any(a.name == "intervals" for a in walk_plan.arguments):  # a tabulated walk: the table's, given
         scalars += (Scalar("intervals"),)

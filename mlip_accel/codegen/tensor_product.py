@@ -29,7 +29,7 @@ import functools
 
 from ..problem import TPProblem, irreps_str
 from ..problem.spherical_harmonics import SHProblem
-from . import nonzeros, spherical_harmonics
+from . import nonzeros, spherical_harmonics, tile_walk
 from . import prefetch as prefetch_hints
 from .emit import Lines as _Lines, template as _template
 from .launch_plan import Argument, GridRule, LaunchPlan, POINTER_TYPES
@@ -110,6 +110,15 @@ class KernelSpec:
     # ``register_step``). runtime.tuning.register_step_applies says which walks (the kinds measured); a first use's
     # stand-in (runtime.first_use), compiled for a short wait, never. Same bits either way.
     register_step: bool = False
+    # the backward by sender over tiles (codegen/tile_walk.py): each block sorts its edges by (group of this many
+    # senders, receiver) and loads a receiver's grad_z row once for the group's edges that gather it; 0: the walk in
+    # sender order. A request: generate() applies it where it fits (tile_walk.tiles_apply), else walks in order.
+    sender_tiles: int = 0
+    # the walks by sender (backward, double_backward) contract A (and B) with grad_z once per path and lane,
+    # t_i = sum_k A[i, k] g[k], for both grad x (w t_i) and grad w (sum_i x_i t_i); False: grad w contracted from x
+    # first, sum_k g[k] sum_i x[i] A[i, k] (grad x's bits are the same either way, grad w's differ at rounding).
+    # Fewer instructions; which walks take it: runtime.tuning.contract_once_for (measured).
+    contract_once: bool = False
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -128,6 +137,10 @@ class KernelSpec:
             raise ValueError(f"grad_y_sum must be one of {tuple(GRAD_Y_SUMS)}, got {self.grad_y_sum!r}")
         if self.prefetch not in prefetch_hints.LEVELS:
             raise ValueError(f"prefetch must be one of {prefetch_hints.LEVELS}, got {self.prefetch!r}")
+        if (isinstance(self.sender_tiles, bool) or not isinstance(self.sender_tiles, int)
+                or not 0 <= self.sender_tiles <= tile_walk.MAX_SENDERS):
+            raise ValueError(f"sender_tiles must be an integer 0..{tile_walk.MAX_SENDERS} (0: no tiles), got "
+                             f"{self.sender_tiles!r}")
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
@@ -139,6 +152,8 @@ class KernelSpec:
             need = (True, True, True)  # meaningless for the forward: normalised so equal specs hash equal
         elif self.double and self.problem.weight_numel == 0:
             need = (need[0], need[1], False)  # no weights: there is no ggw
+        if self.side == "out":  # by receiver: nothing to contract once (normalised: equal specs hash equal)
+            object.__setattr__(self, "contract_once", False)
         if self.direction != "forward" and not any(need):
             raise ValueError(f"a {self.direction} kernel needs at least one gradient (need is all False)")
         object.__setattr__(self, "need", need)
@@ -177,7 +192,9 @@ class KernelSpec:
         sh = "" if self.harmonics is None else "_sh" + "".join(map(str, self.harmonics.ls)) + (
             ("n" if self.harmonics.normalize else "r") + self.harmonics.normalization[0])
         pf = f"_pf{self.prefetch[1]}" if self.prefetch else ""
-        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}{GRAD_Y_SUMS[self.grad_y_sum]}_"
+        tiles = f"_tl{self.sender_tiles}" if self.sender_tiles else ""
+        tiles += "_c1" if self.contract_once else ""
+        return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}{GRAD_Y_SUMS[self.grad_y_sum]}{tiles}_"
                 f"{'f32' if self.dtype == 'float32' else 'f64'}")
 
 
@@ -246,7 +263,10 @@ def prefetch_runs(spec: KernelSpec) -> list[list[prefetch_hints.Run]]:
 
 
 def edges_per_warp_rule(spec: KernelSpec):
-    """Edges per warp of a walk of ``spec``, as an expression of the scalars num_edges and nodes."""
+    """Edges per warp (a tiled walk: per block) of a walk of ``spec``, as an expression of the scalars num_edges and
+    nodes."""
+    if spec.sender_tiles:
+        return tile_walk.edges_per_block_rule()
     if spec.variant != "det" or spec.side != "out":  # the mean degree for the walks by receiver
         return MIN_EDGES_PER_WARP
     mean_degree = ("cdiv", "num_edges", ("max", "nodes", 1))
@@ -608,9 +628,20 @@ class _PhaseEmitter:
                                 if need_y or (need_w and path.has_weight):
                                     self.x_operands(L, path, u, ok, "xr")
                                 self.g_operands(L, path, u, ok)
+                                # t_i = sum_k A[i, k] g[k]: grad x is w t_i and grad w sum_i x_i t_i, so one
+                                # contraction serves both (grad w alone takes it where 2 l1 + 1 <= 2 l3 + 1)
+                                rows = [(i, s) for i in range(2 * l1 + 1)
+                                        if (s := nonzeros.a_times_g(path, lambda k: f"g{k}", i)) != "T(0)"]
+                                t_form = self.spec.contract_once and (need_x or 2 * l1 + 1 <= 2 * l3 + 1)
+                                if t_form and (need_x or (need_w and path.has_weight)):
+                                    for i, s in rows:
+                                        L(f"const T t{i} = {s};")
                                 if need_w and path.has_weight:
-                                    t = [nonzeros.x_times_a(path, lambda i: f"x{i}", k) for k in range(2 * l3 + 1)]
-                                    gw = " + ".join(f"g{k} * ({tk})" for k, tk in enumerate(t) if tk != "T(0)")
+                                    if t_form:
+                                        gw = " + ".join(f"x{i} * t{i}" for i, _ in rows)
+                                    else:
+                                        t = [nonzeros.x_times_a(path, lambda i: f"x{i}", k) for k in range(2 * l3 + 1)]
+                                        gw = " + ".join(f"g{k} * ({tk})" for k, tk in enumerate(t) if tk != "T(0)")
                                     if tab:  # grad w never stored: its part of the lengths' gradient
                                         add = f"gr_sum += ({gw or 'T(0)'}) * cubic_slope(q, tt);"
                                         L(add if ok is None else f"if ({ok}) {add}")
@@ -618,10 +649,8 @@ class _PhaseEmitter:
                                         store = f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, {gw or 'T(0)'});"
                                         L(store if ok is None else f"if ({ok}) {store}")
                                 if need_x:
-                                    for i in range(2 * l1 + 1):
-                                        s = nonzeros.a_times_g(path, lambda k: f"g{k}", i)
-                                        if s != "T(0)":
-                                            L(f"acc{n}_{i} += wv * ({s});")
+                                    for i, s in rows:
+                                        L(f"acc{n}_{i} += wv * {f't{i}' if t_form else f'({s})'};")
                                 if need_y:
                                     for i in sorted({i for i, _ in supp}):
                                         L(f"const T wx{i} = wv * x{i};")
@@ -756,25 +785,54 @@ class _PhaseEmitter:
                                 self.lane_operands(L, path, v, t, u, ok, "xr", "ggxr")
                                 self.g_operands(L, path, u, ok)
                                 g = lambda k: f"g{k}"  # noqa: E731
-                                if t.dw:
-                                    per_k = []
+                                # ta_i = (A g)_i, tb_i = (B g)_i: grad x is wv tb + ggwv ta and grad w's terms
+                                # ggx . ta and x . tb, so each contraction serves both (grad w alone takes it
+                                # where 2 l1 + 1 <= 2 l3 + 1, as the backward)
+                                narrow = 2 * l1 + 1 <= 2 * l3 + 1
+                                once = self.spec.contract_once
+                                forms = {}  # matrix -> (rows, t form, grad x uses it, grad w uses it)
+                                for mat, x_uses, w_uses in (("a", write_x and t.ggw, t.dw and t.ggx),
+                                                            ("b", write_x and t.b, t.dw and t.ggy)):
+                                    if not (x_uses or w_uses):
+                                        continue
+                                    rows = [(i, s) for i in range(2 * l1 + 1)
+                                            if (s := nonzeros.a_times_g(path, g, i, mat)) != "T(0)"]
+                                    forms[mat] = (rows, once and (x_uses or narrow), x_uses, w_uses)
+                                    if forms[mat][1]:
+                                        for i, s in rows:
+                                            L(f"const T t{mat}{i} = {s};")
+                                if t.dw and not once:  # grad w contracted from ggx and x first, per k
+                                    parts = []
                                     for k in range(2 * l3 + 1):
-                                        parts = [e for e in (
+                                        both = [e for e in (
                                             nonzeros.x_times_a(path, lambda i: f"ggx{i}", k) if t.ggx else "T(0)",
                                             nonzeros.x_times_a(path, lambda i: f"x{i}", k, "b") if t.ggy else "T(0)",
                                         ) if e != "T(0)"]
-                                        if parts:
-                                            per_k.append(f"g{k} * ({' + '.join(parts)})")
+                                        if both:
+                                            parts.append(f"g{k} * ({' + '.join(both)})")
+                                elif t.dw:
+                                    parts = []
+                                    for mat, xname in (("a", "ggx"), ("b", "x")):
+                                        if mat not in forms or not forms[mat][3]:
+                                            continue
+                                        rows, t_form, _, _ = forms[mat]
+                                        if t_form:
+                                            parts += [f"{xname}{i} * t{mat}{i}" for i, _ in rows]
+                                            continue
+                                        for k in range(2 * l3 + 1):
+                                            tk = nonzeros.x_times_a(path, lambda i: f"{xname}{i}", k, mat)
+                                            if tk != "T(0)":
+                                                parts.append(f"g{k} * ({tk})")
+                                if t.dw:
                                     store = (f"st_stream(gwe + {_weight_index(self.p, path, v, u)}, "
-                                             f"{' + '.join(per_k) or 'T(0)'});")
+                                             f"{' + '.join(parts) or 'T(0)'});")
                                     L(store if ok is None else f"if ({ok}) {store}")
                                 if write_x:
                                     for i in range(2 * l1 + 1):
-                                        parts = []
-                                        if t.b and (sb := nonzeros.a_times_g(path, g, i, "b")) != "T(0)":
-                                            parts.append(f"wv * ({sb})")
-                                        if t.ggw and (sa := nonzeros.a_times_g(path, g, i)) != "T(0)":
-                                            parts.append(f"ggwv * ({sa})")
+                                        parts = [f"{scale} * " + (f"t{mat}{i}" if forms[mat][1] else
+                                                                  f"({dict(forms[mat][0])[i]})")
+                                                 for mat, scale in (("b", "wv"), ("a", "ggwv"))
+                                                 if mat in forms and forms[mat][2] and i in dict(forms[mat][0])]
                                         if parts:
                                             L(f"acc{n}_{i} += {' + '.join(parts)};")
                                 if t.dy:
@@ -1021,7 +1079,11 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
         # in place: the y-block of this launch (one launch per y-block, in order)
         *((Argument("y_block", "int", "scalar"),) if spec.grad_y_sum == "in_place" else ()),
     )
-    if spec.grad_y_sum == "stacked":  # one block per warp's edges, its warps the y-blocks
+    if spec.sender_tiles:  # one block per range of edges (sorted in it), its warps the y-blocks
+        threads = WARP * num_phases
+        grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=threads, block_threads=threads,
+                        per_max=tile_walk.TILE_EDGES)
+    elif spec.grad_y_sum == "stacked":  # one block per warp's edges, its warps the y-blocks
         threads = WARP * num_phases
         grid = GridRule(items="num_edges", per="edges_per_warp", threads_per_item=threads, block_threads=threads,
                         per_max=STACK_EDGES)
@@ -1034,7 +1096,8 @@ def walk_plan(spec: KernelSpec, num_phases: int, gy_partials: int) -> LaunchPlan
                       tuning=(("accumulators_per_lane", spec.budget), ("block_threads", threads),
                               ("phases", num_phases), ("grad_y_sum", spec.grad_y_sum),
                               # runtime.occupancy may compile it again bounded to a step of blocks per SM
-                              ("register_step", int(spec.register_step))))
+                              ("register_step", int(spec.register_step)))
+                      + ((("sender_tiles", spec.sender_tiles),) if spec.sender_tiles else ()))
 
 
 def fixup_plan(spec: KernelSpec) -> LaunchPlan:
@@ -1130,6 +1193,10 @@ def generate(spec: KernelSpec) -> GeneratedModule:
     schedule = schedule_for(spec)
     per_phase = chunk_blocks(spec, schedule)  # along y: one block per phase, or per phase and chunk
     blocks = sum(per_phase)
+    if spec.sender_tiles:
+        if tile_walk.tiles_apply(spec, schedule, blocks):
+            return _generate_tiles(spec, schedule, blocks)
+        spec = dataclasses.replace(spec, sender_tiles=0)
     requested, spec = spec, dataclasses.replace(spec, grad_y_sum="partials")
     phases = [_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases))]
     groups = split_parts([len(text) for text in phases], spec.split_bytes)
@@ -1138,11 +1205,7 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         phases = [_PhaseEmitter(spec, schedule, n).emit() for n in range(len(schedule.phases))]
     gy_partials = (blocks if spec.grad_y_sum == "partials" else 1) if spec.writes[1] else 0
     walk = walk_plan(spec, blocks, gy_partials)
-    prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
-    if spec.tabulated:
-        prelude += "\n" + tabulated_weights_source(spec.dtype)
-    if spec.prefetch:
-        prelude += "\n" + _template("prefetch.cuh").substitute()
+    prelude = _prelude(spec)
     acc_width = p.dim_out if spec.side == "out" else p.dim_in1
     flush_mode = spec.variant if spec.accumulates else "none (no accumulated rows)"
     named = lambda prefix, flags: ", ".join(prefix + n for n, f in zip("xyw", flags) if f)  # noqa: E731
@@ -1205,3 +1268,31 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         if spec.grad_y_sum == "in_place" else ()
     return GeneratedModule(spec=spec, programs=programs, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
                            acc_width=acc_width, gy_partials=gy_partials, y_blocks=y_blocks)
+
+
+def _prelude(spec: KernelSpec) -> str:
+    prelude = _template("prelude.cuh").substitute(scalar=SCALARS[spec.dtype])
+    if spec.tabulated:
+        prelude += "\n" + tabulated_weights_source(spec.dtype)
+    if spec.prefetch:
+        prelude += "\n" + _template("prefetch.cuh").substitute()
+    return prelude
+
+
+def _generate_tiles(spec: KernelSpec, schedule: Schedule, blocks: int) -> GeneratedModule:
+    """The tiled backward (codegen/tile_walk.py): one program, its walk and the fixup (one slot per block)."""
+    spec = dataclasses.replace(spec, grad_y_sum="stacked" if spec.writes[1] else "partials")
+    p = spec.problem
+    walk = walk_plan(spec, blocks, 1 if spec.writes[1] else 0)
+    emitter = tile_walk.emitter_class(_PhaseEmitter)(spec, schedule, 0)
+    title = (f"det fused convolution backward over tiles of {spec.sender_tiles} senders, {spec.dtype}, grads of "
+             + ", ".join(n for n, f in zip("xyw", spec.need) if f))
+    source = tile_walk.walk_source(
+        emitter, title=title, problem=p.describe(),
+        schedule=f"1 phase of <= {schedule.budget} accumulators per lane, {blocks} chunk block(s)",
+        prelude=_prelude(spec), plan=walk, acc_width=p.dim_in1)
+    fixup = fixup_plan(spec)
+    source += "\n" + _template("fixup.cu").substitute(kernel=fixup.kernel, parameters=fixup.parameters())
+    return GeneratedModule(spec=spec, programs=(Program(walk.kernel, source, (walk, fixup)),), walk_plan=walk,
+                           fixup_plan=fixup, schedule=schedule, acc_width=p.dim_in1,
+                           gy_partials=1 if spec.writes[1] else 0)

@@ -58,15 +58,17 @@ def _largest(gm: GeneratedModule) -> int:
 
 
 def _may_stand_in(gm: GeneratedModule) -> bool:
-    return gm.spec.direction in tuning.STAND_IN_DIRECTIONS and _largest(gm) > tuning.STAND_IN_ABOVE
+    # a tiled walk (one program, grad x summed in its own order) has no split with its bits
+    return (gm.spec.direction in tuning.STAND_IN_DIRECTIONS and not gm.spec.sender_tiles
+            and _largest(gm) > tuning.STAND_IN_ABOVE)
 
 
 def stand_in_for(gm: GeneratedModule, threads: int | None = None) -> GeneratedModule | None:
     """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code,
-    no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS``, its largest program is
-    within ``tuning.STAND_IN_ABOVE``, splitting shrinks it by less than a quarter (one large phase: the stand-in
-    would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads (the parts
-    would queue, and their sum is more work than the module's)."""
+    no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is tiled, its largest
+    program is within ``tuning.STAND_IN_ABOVE``, splitting shrinks it by less than a quarter (one large phase: the
+    stand-in would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads
+    (the parts would queue, and their sum is more work than the module's)."""
     if not _may_stand_in(gm):
         return None
     stand_in = generate(dataclasses.replace(gm.spec, split_bytes=tuning.STAND_IN_SPLIT, register_step=False))

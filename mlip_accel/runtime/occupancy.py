@@ -14,9 +14,9 @@ SM (:data:`LOW_WARPS`) within :data:`ROOM` of the next step; runtime.compiler th
 with ``-DMLA_MIN_BLOCKS=<blocks>`` (the walk template's ``MLA_WALK_BOUNDS``) and keeps that image. Both images are
 cached on disk, so a warm start compiles neither. Which walks may take a bound their launch plans say (tuning
 ``register_step``, set by runtime.tuning.register_step_applies): the deterministic walks without a radial table, the
-kind measured; the tabulated walks of MACE's fp32 ASE call (its forward at 183 registers: the call 0.980x bounded,
-twenty-second session) only with ``$MLIP_ACCEL_REGISTER_STEP_TABULATED=1`` until their GPU bitwise test has run; the
-atomic variant and the batched tensor product are left as ptxas made them.
+kind measured, and the tabulated walks of MACE's fp32 ASE call (its forward at 183 registers: the call 0.980x bounded,
+twenty-second session; bounded and unbounded bitwise equal on an H200, twenty-third; ``$MLIP_ACCEL_REGISTER_STEP_
+TABULATED=0`` leaves them unbounded); the atomic variant and the batched tensor product are left as ptxas made them.
 
 ``$MLIP_ACCEL_REGISTER_STEP``: ``0`` never bounds (the images ptxas chose alone), ``1`` (default) the rule;
 ``runtime.tuning.register_step`` overrides it in tests and benchmarks, also forcing a bound on every stepped walk.

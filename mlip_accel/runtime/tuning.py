@@ -331,6 +331,80 @@ def grad_y_sum(mode: str):
     return _pushed(_GRAD_Y_SUM_OVERRIDE, mode)
 
 
+# The backward by sender over tiles (codegen/tile_walk.py, KernelSpec.sender_tiles): each block sorts its edges by
+# (group of this many senders, receiver) and loads a receiver's grad_z row once for the group's edges that gather it.
+# A request: generated where it fits (the looped deterministic backward with one phase, its shared memory within a
+# block's), else the walk in sender order. Off until measured on a GPU; $MLIP_ACCEL_SENDER_TILES=<k> asks for it in
+# every backward (an A/B), 0 for none.
+SENDER_TILES: dict[tuple[str, str], int] = {}
+_SENDER_TILES_OVERRIDE: list[int] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _env_sender_tiles() -> int | None:
+    from ..codegen.tile_walk import MAX_SENDERS
+
+    value = env_number("MLIP_ACCEL_SENDER_TILES", int, 0, f"an integer 0..{MAX_SENDERS} (0: no tiles)")
+    if value is not None and value > MAX_SENDERS:
+        raise ValueError(f"MLIP_ACCEL_SENDER_TILES={value}: expected an integer 0..{MAX_SENDERS} (0: no tiles)")
+    return value
+
+
+def sender_tiles_for(direction: str, dtype: str, variant: str = "det") -> int:
+    """Senders per tile a walk asks for (0: none): a test or benchmark override, else ``$MLIP_ACCEL_SENDER_TILES``,
+    else :data:`SENDER_TILES` for the deterministic backward."""
+    if direction != "backward" or variant != "det":
+        return 0
+    if _SENDER_TILES_OVERRIDE:
+        return _SENDER_TILES_OVERRIDE[-1]
+    env = _env_sender_tiles()
+    return env if env is not None else SENDER_TILES.get((direction, dtype), 0)
+
+
+def sender_tiles(k: int):
+    """Ask for tiles of ``k`` senders (0: none) in the deterministic backward inside the block."""
+    from ..codegen.tile_walk import MAX_SENDERS
+
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SENDERS:
+        raise ValueError(f"senders per tile must be an integer 0..{MAX_SENDERS}, got {k!r}")
+    return _pushed(_SENDER_TILES_OVERRIDE, k)
+
+
+# One contraction of A (and B) with grad_z per path and lane in the walks by sender, for grad x and grad w both
+# (codegen KernelSpec.contract_once): fewer FMAs and multiplies (mace-medium fp32 PTX: backward 286 -> 228, double
+# backward 1596 -> 1236). Measured on an H200 against the two contractions (benchmarks/sender_tiles_23rd.md, calls 5-8,
+# walk_ab.py --what contract, carbon-8k): the double backward 0.91-0.97x on mace-medium, mace-large and nequip-benzene
+# in fp32 and fp64 (nequip-toluene 1.01-1.04x); the backward 0.89-0.98x on five walks but 1.10-1.26x on three
+# (mace-medium fp32, nequip-toluene fp32, mace-large fp64), each one where ptxas then chose far fewer registers
+# (96 -> 80, 128 -> 96, 252 -> 168): more resident warps, slower. Which walk that happens to is ptxas's choice, not
+# predicted here without compiling both: so the double backward contracts once, the backward twice (as before).
+# $MLIP_ACCEL_CONTRACT_ONCE=0 / 1 sets every walk by sender (an A/B).
+CONTRACT_ONCE = {"backward": False, "double_backward": True}
+_CONTRACT_ONCE_OVERRIDE: list[bool] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _env_contract_once() -> bool | None:
+    return env_flag("MLIP_ACCEL_CONTRACT_ONCE")
+
+
+def contract_once_for(direction: str) -> bool:
+    """Whether a walk by sender of ``direction`` contracts once (KernelSpec.contract_once; the walks by receiver have
+    nothing to share: False): a test or benchmark override, else ``$MLIP_ACCEL_CONTRACT_ONCE``, else
+    :data:`CONTRACT_ONCE`."""
+    if direction not in CONTRACT_ONCE:
+        return False
+    if _CONTRACT_ONCE_OVERRIDE:
+        return _CONTRACT_ONCE_OVERRIDE[-1]
+    env = _env_contract_once()
+    return env if env is not None else CONTRACT_ONCE[direction]
+
+
+def contract_once(enabled: bool = True):
+    """Generate the walks by sender with one contraction for grad x and grad w (or, False, two) inside the block."""
+    return _pushed(_CONTRACT_ONCE_OVERRIDE, bool(enabled))
+
+
 # Register steps of occupancy (runtime.occupancy): a walk ptxas left a few registers above a step of resident blocks
 # per SM compiled again bounded under it. "rule" (default), "off" ($MLIP_ACCEL_REGISTER_STEP=0: ptxas's images), or
 # "force" (tests and benchmarks: every stepped walk one block above ptxas's choice).
@@ -343,13 +417,14 @@ def _env_register_step() -> str:
     return "off" if env_flag("MLIP_ACCEL_REGISTER_STEP") is False else "rule"
 
 
-# Which walks may take a register step (KernelSpec.register_step): the deterministic convolution's walks without a radial
-# table, the kind measured (benchmarks/occupancy_21st.md). The tabulated walks (the ASE call's: MACE-MP-0-medium's fp32
-# forward at 183 registers) only with $MLIP_ACCEL_REGISTER_STEP_TABULATED=1 (an A/B, unmeasured); the atomic variant's
-# and the batched tensor product's were not measured.
+# Which walks may take a register step (KernelSpec.register_step): the deterministic convolution's walks (measured:
+# benchmarks/occupancy_21st.md), the tabulated ones too (the ASE call's: MACE-MP-0-medium's fp32 forward at 183
+# registers; the call 0.980x at 8000 atoms, first_use_22nd.md, bounded and unbounded bitwise equal on an H200,
+# sender_tiles_23rd.md); $MLIP_ACCEL_REGISTER_STEP_TABULATED=0 leaves those as ptxas made them (an A/B). The atomic
+# variant's and the batched tensor product's were not measured.
 @functools.lru_cache(maxsize=None)
 def _env_step_tabulated() -> bool:
-    return env_flag("MLIP_ACCEL_REGISTER_STEP_TABULATED") is True
+    return env_flag("MLIP_ACCEL_REGISTER_STEP_TABULATED") is not False
 
 
 def register_step_applies(variant: str, tabulated: bool) -> bool:
@@ -429,6 +504,20 @@ def edges_per_warp(n: int):
         _EDGES_PER_WARP_OVERRIDE = old
 
 
+_TILE_BLOCKS_OVERRIDE: list[int] = []
+
+
+def tile_blocks(n: int):
+    """Size the tiled backward's blocks (codegen/tile_walk.py) for about ``n`` blocks per call inside the block (a
+    benchmark's sweep; the other walks keep their edges per warp)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"tile blocks must be an integer >= 1, got {n!r}")
+    return _pushed(_TILE_BLOCKS_OVERRIDE, n)
+
+
 def scalar_overrides() -> dict:
-    """Tunable scalars of launch sequences forced by a test ({} normally)."""
-    return {} if _EDGES_PER_WARP_OVERRIDE is None else {"edges_per_warp": _EDGES_PER_WARP_OVERRIDE}
+    """Tunable scalars of launch sequences forced by a test or benchmark ({} normally)."""
+    out = {} if _EDGES_PER_WARP_OVERRIDE is None else {"edges_per_warp": _EDGES_PER_WARP_OVERRIDE}
+    if _TILE_BLOCKS_OVERRIDE:
+        out["tile_blocks"] = _TILE_BLOCKS_OVERRIDE[-1]
+    return out
