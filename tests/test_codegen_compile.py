@@ -86,6 +86,14 @@ def compiled():
                 if gm.spec.grad_y_sum == mode:
                     for arch in ARCHS:
                         jobs[(spec["name"], dtype, f"{direction}-det-{mode}", arch)] = _walk(gm, arch)
+            # the options off by default: the backward over tiles of senders (where it applies: MACE's looped
+            # backward), the walks by sender contracting once (the double backward does by default)
+            for key, setting in (("tiles", lambda: tuning.sender_tiles(4)), ("once", lambda: tuning.contract_once())):
+                with setting():
+                    gm = module_for(problem, dtype, "backward", "det")
+                if (gm.spec.sender_tiles if key == "tiles" else gm.spec.contract_once):
+                    for arch in ARCHS:
+                        jobs[(spec["name"], dtype, f"backward-det-{key}", arch)] = _walk(gm, arch)
             sh = _harmonics_of(problem)
             for direction in ("forward", "backward") if sh is not None and problem.weight_numel else ():
                 gm = module_for(problem, dtype, direction, "det", tabulated=True, harmonics=sh)
@@ -181,6 +189,20 @@ def test_grad_y_sum_walks_compile(compiled, dtype, arch, mode):
     cases = {k: v for k, v in compiled.items() if k[1:2] == (dtype,) and k[-2].endswith(f"-det-{mode}")
              and k[-1] == arch}
     assert any(k[0].startswith("mace") for k in cases), sorted(cases)
+    for key, (size, error) in cases.items():
+        assert error is None, f"{key}: {error}"
+        assert size > 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("option", ["tiles", "once"])
+def test_backward_options_compile(compiled, dtype, arch, option):
+    """The backward's options off by default (KernelSpec.sender_tiles: shared-memory sort and accumulators, barriers;
+    KernelSpec.contract_once) for every bench problem they apply to (tiles: at least mace-medium)."""
+    cases = {k: v for k, v in compiled.items() if k[1:2] == (dtype,) and k[-2] == f"backward-det-{option}"
+             and k[-1] == arch}
+    assert any(k[0] == "mace-medium" for k in cases), sorted(cases)
     for key, (size, error) in cases.items():
         assert error is None, f"{key}: {error}"
         assert size > 0

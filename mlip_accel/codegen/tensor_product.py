@@ -1238,10 +1238,9 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         return _template("walk.cu").substitute(
             title=title + what, problem=p.describe(),
             schedule=f"{len(schedule.phases)} phase(s) of <= {schedule.budget} accumulators per lane",
-            prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2, d_out=p.dim_out, w_numel=p.weight_numel,
-            d_acc=acc_width, flush_mode=flush_mode, block_threads=plan.grid.block_threads, kernel=plan.kernel,
+            prelude=prelude, dims=walk_dims(p, acc_width), flush_mode=flush_mode, block_threads=plan.grid.block_threads, kernel=plan.kernel,
             parameters=plan.parameters(), block_rows=rows, locate=locate, stack_decl=stack_decl,
-            stack_sum=stack_sum, phases="\n".join(phases[first:end]))
+            stack_sum=stack_sum, phases="\n".join(phases[first:end]), walk_bounds=walk_bounds())
     fixup = fixup_plan(spec) if spec.variant == "det" and spec.accumulates else None
     fixup_source = "" if fixup is None else _template("fixup.cu").substitute(kernel=fixup.kernel,
                                                                               parameters=fixup.parameters())
@@ -1268,6 +1267,18 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         if spec.grad_y_sum == "in_place" else ()
     return GeneratedModule(spec=spec, programs=programs, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
                            acc_width=acc_width, gy_partials=gy_partials, y_blocks=y_blocks)
+
+
+def walk_dims(p: TPProblem, acc_width: int) -> str:
+    """The widths both walk templates name: D_IN1, D_IN2, D_OUT, W_NUMEL and D_ACC (the accumulated rows')."""
+    return "\n".join(f"#define {name} {value}" for name, value in (
+        ("D_IN1", p.dim_in1), ("D_IN2", p.dim_in2), ("D_OUT", p.dim_out), ("W_NUMEL", p.weight_numel),
+        ("D_ACC", acc_width)))
+
+
+def walk_bounds() -> str:
+    """The launch-bounds macro both walk templates declare their kernel with (templates/walk_bounds.cuh)."""
+    return _template("walk_bounds.cuh").template.rstrip("\n")
 
 
 def _prelude(spec: KernelSpec) -> str:

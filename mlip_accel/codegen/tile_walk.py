@@ -159,6 +159,8 @@ def gy_sum(spec) -> tuple[str, str]:
 
 def walk_source(emitter, *, title: str, problem: str, schedule: str, prelude: str, plan, acc_width: int) -> str:
     """The tiled walk's kernel (templates/walk_tiles.cu) around ``emitter``'s phase."""
+    from .tensor_product import walk_bounds, walk_dims
+
     spec, p = emitter.spec, emitter.p
     g_decl, g_loads, body, flush = Lines(1), Lines(4), Lines(3), Lines(5)
     emitter.g_decl(g_decl)
@@ -167,9 +169,9 @@ def walk_source(emitter, *, title: str, problem: str, schedule: str, prelude: st
     emitter.tile_flush(flush)
     stack_decl, stack_sum = gy_sum(spec)
     return template("walk_tiles.cu").substitute(
-        title=title, problem=problem, schedule=schedule, prelude=prelude, d_in1=p.dim_in1, d_in2=p.dim_in2,
-        d_out=p.dim_out, w_numel=p.weight_numel, d_acc=acc_width, tile_senders=spec.sender_tiles,
+        title=title, problem=problem, schedule=schedule, prelude=prelude, dims=walk_dims(p, acc_width),
+        tile_senders=spec.sender_tiles,
         tile_edges=TILE_EDGES, blocks=emitter.blocks, acc=emitter.phase.acc_per_lane, gy_width=p.dim_in2,
         block_threads=plan.grid.block_threads, kernel=plan.kernel, parameters=plan.parameters(),
         gy_stack_decl=stack_decl, g_decl=g_decl.text(), prefetch=emitter.prefetch_text(), flush=flush.text(),
-        g_loads=g_loads.text(), body=body.text(), gy_sum=stack_sum)
+        g_loads=g_loads.text(), body=body.text(), gy_sum=stack_sum, walk_bounds=walk_bounds())

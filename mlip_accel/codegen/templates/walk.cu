@@ -3,11 +3,7 @@
 //   ${problem}
 // Schedule: ${schedule}
 ${prelude}
-#define D_IN1 ${d_in1}
-#define D_IN2 ${d_in2}
-#define D_OUT ${d_out}
-#define W_NUMEL ${w_numel}
-#define D_ACC ${d_acc}
+${dims}
 
 // Segmented walk over a permuted edge list. Warp `warp` owns positions [q0, q1) of the edge order
 // (`order`, or the identity); `keys[e]` is the row edge e accumulates into, `others[e]` the node row it
@@ -20,13 +16,7 @@ ${prelude}
 // Per-edge outputs (grad y, grad w) are written directly. The parameter list is written from the launch
 // plan (codegen/generator.walk_plan), which launchers execute. Block row `by` selects the phase of the schedule (and
 // with chunk loops the chunk): ${block_rows}. Flush mode here: ${flush_mode}.
-// Launch bounds: runtime.occupancy compiles the walk again with -DMLA_MIN_BLOCKS=<blocks> when ptxas left it a few
-// registers above a step of resident blocks per SM (the launch contract is the same either way).
-#ifdef MLA_MIN_BLOCKS
-#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads, MLA_MIN_BLOCKS)
-#else
-#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads)
-#endif
+${walk_bounds}
 extern "C" __global__ void MLA_WALK_BOUNDS(${block_threads}) ${kernel}(
     ${parameters})
 {

@@ -3,11 +3,7 @@
 //   ${problem}
 // Schedule: ${schedule}
 ${prelude}
-#define D_IN1 ${d_in1}
-#define D_IN2 ${d_in2}
-#define D_OUT ${d_out}
-#define W_NUMEL ${w_numel}
-#define D_ACC ${d_acc}
+${dims}
 #define TILE_SENDERS ${tile_senders}
 #define TILE_EDGES ${tile_edges}
 #define BLOCKS ${blocks}
@@ -31,11 +27,7 @@ ${prelude}
 // TILE_EDGES), receiver (42 bits: node rows beyond 2^42 cannot be allocated), position in the block (11 bits); unique,
 // so the order is fixed and the results bitwise reproducible (grad x sums in another order than the walk in sender
 // order: not its bits).
-#ifdef MLA_MIN_BLOCKS
-#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads, MLA_MIN_BLOCKS)
-#else
-#define MLA_WALK_BOUNDS(threads) __launch_bounds__(threads)
-#endif
+${walk_bounds}
 extern "C" __global__ void MLA_WALK_BOUNDS(${block_threads}) ${kernel}(
     ${parameters})
 {
