@@ -105,23 +105,23 @@ def test_where_tiles_apply():
 
 
 def test_the_tuning_switch(monkeypatch):
-    assert tuning.sender_tiles_for("forward", "float32") == 0
+    assert tuning.sender_tiles_for("forward") == 0 and tuning.sender_tiles_for("backward") == 0  # off by default
     with tuning.sender_tiles(4):
-        assert tuning.sender_tiles_for("backward", "float32") == 4
-        assert tuning.sender_tiles_for("backward", "float32", "atomic") == 0
+        assert tuning.sender_tiles_for("backward") == 4
+        assert tuning.sender_tiles_for("backward", "atomic") == 0
     with pytest.raises(ValueError, match="senders per tile"):
         tuning.sender_tiles(100)
     try:
         monkeypatch.setenv("MLIP_ACCEL_SENDER_TILES", "8")
         tuning._env_sender_tiles.cache_clear()
-        assert tuning.sender_tiles_for("backward", "float64") == 8
+        assert tuning.sender_tiles_for("backward") == 8
         monkeypatch.setenv("MLIP_ACCEL_SENDER_TILES", "many")
         tuning._env_sender_tiles.cache_clear()
         with pytest.raises(ValueError, match="MLIP_ACCEL_SENDER_TILES"):
-            tuning.sender_tiles_for("backward", "float64")
+            tuning.sender_tiles_for("backward")
         monkeypatch.setenv("MLIP_ACCEL_SENDER_TILES", "65")
         tuning._env_sender_tiles.cache_clear()
         with pytest.raises(ValueError, match="MLIP_ACCEL_SENDER_TILES"):
-            tuning.sender_tiles_for("backward", "float64")
+            tuning.sender_tiles_for("backward")
     finally:
         tuning._env_sender_tiles.cache_clear()

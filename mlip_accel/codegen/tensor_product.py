@@ -137,10 +137,7 @@ class KernelSpec:
             raise ValueError(f"grad_y_sum must be one of {tuple(GRAD_Y_SUMS)}, got {self.grad_y_sum!r}")
         if self.prefetch not in prefetch_hints.LEVELS:
             raise ValueError(f"prefetch must be one of {prefetch_hints.LEVELS}, got {self.prefetch!r}")
-        if (isinstance(self.sender_tiles, bool) or not isinstance(self.sender_tiles, int)
-                or not 0 <= self.sender_tiles <= tile_walk.MAX_SENDERS):
-            raise ValueError(f"sender_tiles must be an integer 0..{tile_walk.MAX_SENDERS} (0: no tiles), got "
-                             f"{self.sender_tiles!r}")
+        tile_walk.check_senders(self.sender_tiles, "sender_tiles")
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
@@ -1242,8 +1239,7 @@ def generate(spec: KernelSpec) -> GeneratedModule:
             parameters=plan.parameters(), block_rows=rows, locate=locate, stack_decl=stack_decl,
             stack_sum=stack_sum, phases="\n".join(phases[first:end]), walk_bounds=walk_bounds())
     fixup = fixup_plan(spec) if spec.variant == "det" and spec.accumulates else None
-    fixup_source = "" if fixup is None else _template("fixup.cu").substitute(kernel=fixup.kernel,
-                                                                              parameters=fixup.parameters())
+    fixup_source = "" if fixup is None else _fixup_source(fixup)
     if len(groups) == 1:
         source = walk_source(walk, 0, len(phases), "")
         plans = (walk,) if fixup is None else (walk, fixup)
@@ -1267,6 +1263,11 @@ def generate(spec: KernelSpec) -> GeneratedModule:
         if spec.grad_y_sum == "in_place" else ()
     return GeneratedModule(spec=spec, programs=programs, walk_plan=walk, fixup_plan=fixup, schedule=schedule,
                            acc_width=acc_width, gy_partials=gy_partials, y_blocks=y_blocks)
+
+
+def _fixup_source(fixup: LaunchPlan) -> str:
+    """The deterministic walk's second pass (templates/fixup.cu) for its plan."""
+    return _template("fixup.cu").substitute(kernel=fixup.kernel, parameters=fixup.parameters())
 
 
 def walk_dims(p: TPProblem, acc_width: int) -> str:
@@ -1303,7 +1304,7 @@ def _generate_tiles(spec: KernelSpec, schedule: Schedule, blocks: int) -> Genera
         schedule=f"1 phase of <= {schedule.budget} accumulators per lane, {blocks} chunk block(s)",
         prelude=_prelude(spec), plan=walk, acc_width=p.dim_in1)
     fixup = fixup_plan(spec)
-    source += "\n" + _template("fixup.cu").substitute(kernel=fixup.kernel, parameters=fixup.parameters())
+    source += "\n" + _fixup_source(fixup)
     return GeneratedModule(spec=spec, programs=(Program(walk.kernel, source, (walk, fixup)),), walk_plan=walk,
                            fixup_plan=fixup, schedule=schedule, acc_width=p.dim_in1,
                            gy_partials=1 if spec.writes[1] else 0)

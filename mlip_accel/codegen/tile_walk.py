@@ -26,6 +26,14 @@ TILE_SHARED_BYTES = 48 * 1024  # static shared memory of one block
 MAX_SENDERS = 64
 
 
+def check_senders(k, what: str) -> int:
+    """``k`` if it is a number of senders per tile (an integer 0..MAX_SENDERS, 0: no tiles), else a ValueError that
+    starts with ``what`` (the spec field, the environment variable or the tuning call that was given it)."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SENDERS:
+        raise ValueError(f"{what} must be an integer 0..{MAX_SENDERS} (0: no tiles), got {k!r}")
+    return k
+
+
 def edges_per_block_rule():
     """Edges per block of a tiled walk, as an expression of the scalars num_edges and tile_blocks (the sequence's
     tunable :data:`TILE_BLOCKS`: benchmarks sweep it without touching the other walks' edges per warp)."""

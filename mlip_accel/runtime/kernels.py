@@ -32,7 +32,7 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     hints = prefetch_level(direction, problem, variant, tabulated, harmonics is not None)
     gy_sum = grad_y_sum_mode(variant, direction, dtype, problem)
     step = register_step_applies(variant, tabulated)
-    tiles = sender_tiles_for(direction, dtype, variant)
+    tiles = sender_tiles_for(direction, variant)
     once = contract_once_for(direction)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step, tiles, once,

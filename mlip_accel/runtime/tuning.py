@@ -334,40 +334,39 @@ def grad_y_sum(mode: str):
 # The backward by sender over tiles (codegen/tile_walk.py, KernelSpec.sender_tiles): each block sorts its edges by
 # (group of this many senders, receiver) and loads a receiver's grad_z row once for the group's edges that gather it.
 # A request: generated where it fits (the looped deterministic backward with one phase, its shared memory within a
-# block's), else the walk in sender order. Off until measured on a GPU; $MLIP_ACCEL_SENDER_TILES=<k> asks for it in
-# every backward (an A/B), 0 for none.
-SENDER_TILES: dict[tuple[str, str], int] = {}
+# block's), else the walk in sender order. Off by default: measured on an H200 1.02-1.14x slower than the walk in order
+# (benchmarks/sender_tiles_23rd.md), 73 MiB less at 8000 atoms; $MLIP_ACCEL_SENDER_TILES=<k> asks for it in every
+# backward (an A/B, or for memory), 0 for none.
 _SENDER_TILES_OVERRIDE: list[int] = []
 
 
 @functools.lru_cache(maxsize=None)
 def _env_sender_tiles() -> int | None:
-    from ..codegen.tile_walk import MAX_SENDERS
+    from ..codegen.tile_walk import check_senders
 
-    value = env_number("MLIP_ACCEL_SENDER_TILES", int, 0, f"an integer 0..{MAX_SENDERS} (0: no tiles)")
-    if value is not None and value > MAX_SENDERS:
-        raise ValueError(f"MLIP_ACCEL_SENDER_TILES={value}: expected an integer 0..{MAX_SENDERS} (0: no tiles)")
-    return value
+    value = os.environ.get("MLIP_ACCEL_SENDER_TILES", "").strip()
+    if not value:
+        return None
+    number = int(value) if value.isdigit() else value
+    return check_senders(number, f"MLIP_ACCEL_SENDER_TILES={value!r}:")
 
 
-def sender_tiles_for(direction: str, dtype: str, variant: str = "det") -> int:
+def sender_tiles_for(direction: str, variant: str = "det") -> int:
     """Senders per tile a walk asks for (0: none): a test or benchmark override, else ``$MLIP_ACCEL_SENDER_TILES``,
-    else :data:`SENDER_TILES` for the deterministic backward."""
+    else 0; only the deterministic backward asks."""
     if direction != "backward" or variant != "det":
         return 0
     if _SENDER_TILES_OVERRIDE:
         return _SENDER_TILES_OVERRIDE[-1]
     env = _env_sender_tiles()
-    return env if env is not None else SENDER_TILES.get((direction, dtype), 0)
+    return 0 if env is None else env
 
 
 def sender_tiles(k: int):
     """Ask for tiles of ``k`` senders (0: none) in the deterministic backward inside the block."""
-    from ..codegen.tile_walk import MAX_SENDERS
+    from ..codegen.tile_walk import check_senders
 
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SENDERS:
-        raise ValueError(f"senders per tile must be an integer 0..{MAX_SENDERS}, got {k!r}")
-    return _pushed(_SENDER_TILES_OVERRIDE, k)
+    return _pushed(_SENDER_TILES_OVERRIDE, check_senders(k, "senders per tile"))
 
 
 # One contraction of A (and B) with grad_z per path and lane in the walks by sender, for grad x and grad w both
