@@ -8,13 +8,14 @@ e3nn's columns (``--what gz``: KernelSpec.gz_e3nn), or the walks' grad y summed 
 summed by y-blocks stacked in one block and in place by one launch per y-block (``--what gysum``:
 KernelSpec.grad_y_sum), or the backward by sender in order against over tiles of senders (``--what tiles``:
 KernelSpec.sender_tiles; tile_blocks sizes its blocks), or the walks by sender contracting A with grad_z twice
-against once (``--what contract``: KernelSpec.contract_once). For each problem and dtype, on a random graph of
+against once (``--what contract``: KernelSpec.contract_once), or the looped walks with one 32-channel chunk per warp
+against two or four (``--what span``: KernelSpec.chunk_span). For each problem and dtype, on a random graph of
 carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
 list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
 setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
 with the first setting's (outputs above 16 M elements: every n-th element of them).
 
-    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract]
+    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract|span]
                                [--problems nequip-benzene,mace-large] [--dtypes float32,float64]
                                [--graph random|carbon-1k|carbon-8k] [--rounds 5]
                                [--limit-kb 200] [--flush] [--forward-epw 40,80] [--backward-epw 64] [--out DIR]
@@ -73,6 +74,15 @@ def settings(what: str, limit: int) -> dict:
                    for m in (2, 3, 4)}}
     if what == "contract":  # the walks by sender contracting A with grad_z twice (for grad x, for grad w) or once
         return {"twice": lambda: tuning.contract_once(False), "once": lambda: tuning.contract_once(True)}
+    if what == "span":  # the looped walks with one 32-channel chunk per warp, or 2 / 4 (KernelSpec.chunk_span): 2
+        # also bounded one block per SM above ptxas's choice (runtime.occupancy "force"), with one contraction, and
+        # with an accumulator budget of 32 (mace-large's grad x in one phase at 2 chunks per warp)
+        return {"s1": lambda: tuning.chunk_span(1), "s2": lambda: tuning.chunk_span(2),
+                "s2-force": lambda: _both(tuning.chunk_span(2), tuning.register_step("force")),
+                "s2-once-force": lambda: _both(tuning.chunk_span(2), tuning.contract_once(True),
+                                               tuning.register_step("force")),
+                "s2-b32": lambda: _both(tuning.chunk_span(2), tuning.accumulator_budget(backward=32)),
+                "s4": lambda: tuning.chunk_span(4)}
     if what == "loops":  # the chunk-loops rule against every walk unrolled / every walk looped
         return {"rule": contextlib.nullcontext, "unrolled": lambda: tuning.chunk_loops(False),
                 "looped": lambda: tuning.chunk_loops(True)}
@@ -117,7 +127,8 @@ def describe(problem, dt: str) -> dict:
                f"{'/loops' if gm.spec.chunk_loops else ''}{'/gze' if gm.spec.gz_e3nn else ''}"
             f"{'/' + gm.spec.grad_y_sum if gm.spec.grad_y_sum != 'partials' else ''}"
             f"{f'/tl{tiles}' if (tiles := getattr(gm.spec, 'sender_tiles', 0)) else ''}"
-            f"{'/c1' if getattr(gm.spec, 'contract_once', False) else ''}{bounds(gm)}"
+            f"{'/c1' if getattr(gm.spec, 'contract_once', False) else ''}"
+            f"{f'/s{span}' if (span := getattr(gm.spec, 'chunk_span', 1)) > 1 else ''}{bounds(gm)}"
             for d, gm in mods.items()}
 
 
@@ -175,7 +186,7 @@ def flat(outs) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--what", default="split", choices=("split", "occupancy", "prefetch", "loops", "gz", "gysum",
-                                                             "tiles", "contract"))
+                                                             "tiles", "contract", "span"))
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")

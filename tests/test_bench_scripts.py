@@ -339,10 +339,10 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert [k for k, _, _ in report] == [gm.walk_kernel] and 0 < report[0][1] <= 255 and report[0][2] >= 0
     seen = {}
     modes = {}
-    for what in ("split", "prefetch", "loops", "gz", "occupancy", "tiles", "contract"):
+    for what in ("split", "prefetch", "loops", "gz", "occupancy", "tiles", "contract", "span"):
         for label, setting in walk_ab.settings(what, 1).items():
-            # tiles: the looped backward with one phase
-            loops = tuning.chunk_loops(True) if what == "tiles" else contextlib.nullcontext()
+            # tiles: the looped backward with one phase; span: looped walks
+            loops = tuning.chunk_loops(True) if what in ("tiles", "span") else contextlib.nullcontext()
             with setting(), loops, tuning.accumulator_budget(forward=4, backward=3 if what != "tiles" else 64):
                 seen[(what, label)] = walk_ab.describe(problem, "float32")  # (no GPU here: no bounds to print)
                 modes[(what, label)] = tuning.register_step_mode()
@@ -361,6 +361,9 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert "/c1" not in twice["backward"] and "/c1" not in once["forward"]
     assert "/tl" not in seen[("tiles", "order")]["backward"] and "/tl4" in seen[("tiles", "t4")]["backward"]
     assert "/tl8" in seen[("tiles", "t8-b1024")]["backward"] and "/tl" not in seen[("tiles", "t8")]["forward"]
+    assert "/s" not in seen[("span", "s1")]["backward"] and seen[("span", "s2")]["backward"].endswith("/s2")
+    assert seen[("span", "s4")]["double_forward"].endswith("/s4") and modes[("span", "s2-force")] == "force"
+    assert seen[("span", "s2-once-force")]["backward"].endswith("/c1/s2")
 
 
 def test_sender_tiles_counts_distinct_rows_per_tile():

@@ -42,13 +42,16 @@ class Schedule:
     phases: tuple[Phase, ...]
 
 
-def irrep_segments(irreps, i: int, one_chunk: bool = False) -> list[Segment]:
+def irrep_segments(irreps, i: int, one_chunk: bool = False, span: int = 1) -> list[Segment]:
     mul, l, _ = irreps[i]
-    chunks = min(1, mul) if one_chunk else (mul + WARP - 1) // WARP
+    chunks = (mul + WARP - 1) // WARP
+    if one_chunk:
+        chunks = min(span, chunks)
     return [Segment(irrep=i, chunk=c, lanes=min(WARP, mul - WARP * c), width=2 * l + 1) for c in range(chunks)]
 
 
-def build_schedule(problem: TPProblem, side: str, budget: int | None, one_chunk: bool = False) -> Schedule:
+def build_schedule(problem: TPProblem, side: str, budget: int | None, one_chunk: bool = False,
+                   span: int = 1) -> Schedule:
     """Greedy packing of segments into phases of at most ``budget`` accumulators per lane.
 
     Irreps are taken in order; an irrep whose chunks all fit into an empty phase is never split across
@@ -57,12 +60,14 @@ def build_schedule(problem: TPProblem, side: str, budget: int | None, one_chunk:
 
     ``one_chunk``: every irrep is one segment, its first chunk, standing for all of them: the kernel loops over
     the chunks at run time, one block along y per chunk (codegen: ``KernelSpec.chunk_loops``), so a phase's
-    code is generated once instead of once per chunk.
+    code is generated once instead of once per chunk. ``span`` (with ``one_chunk``): the first ``span`` chunks of
+    every irrep stand for all of them, one warp taking ``span`` consecutive chunks per block along y
+    (``KernelSpec.chunk_span``): the edge's y, CG coefficients and grad-y reduction are then shared by them.
     """
     if side not in ("out", "in1"):
         raise ValueError(f"side must be 'out' or 'in1', got {side!r}")
     irreps = problem.irreps_out if side == "out" else problem.irreps_in1
-    all_segments = [irrep_segments(irreps, i, one_chunk) for i in range(len(irreps))]
+    all_segments = [irrep_segments(irreps, i, one_chunk, span) for i in range(len(irreps))]
     if budget is None:
         return Schedule(side, None, (Phase(tuple(s for segs in all_segments for s in segs)),))
     if budget < 1:

@@ -119,6 +119,11 @@ class KernelSpec:
     # first, sum_k g[k] sum_i x[i] A[i, k] (grad x's bits are the same either way, grad w's differ at rounding).
     # Fewer instructions; which walks take it: runtime.tuning.contract_once_for (measured).
     contract_once: bool = False
+    # with chunk loops, the consecutive 32-channel chunks one warp takes per block along y (1: one chunk per warp):
+    # the edge's y, its CG coefficients A and grad y's warp reduction are then computed once for all of them
+    # (instructions per edge that chunk loops otherwise repeat per chunk), at the price of more live registers
+    # and fewer warps per edge. Which walks take more than one: runtime.tuning.chunk_span_for (measured).
+    chunk_span: int = 1
 
     def __post_init__(self):
         if self.dtype not in SCALARS:
@@ -138,6 +143,9 @@ class KernelSpec:
         if self.prefetch not in prefetch_hints.LEVELS:
             raise ValueError(f"prefetch must be one of {prefetch_hints.LEVELS}, got {self.prefetch!r}")
         tile_walk.check_senders(self.sender_tiles, "sender_tiles")
+        check_span(self.chunk_span, "chunk_span")
+        if not self.chunk_loops:  # unrolled: every chunk is in the code already (normalised: equal specs hash equal)
+            object.__setattr__(self, "chunk_span", 1)
         check_harmonics(self.problem, self.harmonics)
         if self.harmonics is not None and (self.double or self.variant == "tp"):
             raise ValueError("harmonics inside the walk: a convolution's forward or backward")
@@ -191,6 +199,7 @@ class KernelSpec:
         pf = f"_pf{self.prefetch[1]}" if self.prefetch else ""
         tiles = f"_tl{self.sender_tiles}" if self.sender_tiles else ""
         tiles += "_c1" if self.contract_once else ""
+        tiles += f"_s{self.chunk_span}" if self.chunk_span > 1 else ""
         return (f"mla_{kind}{tab}{sh}_{_SHORT[self.direction]}{flags}{gze}{pf}{GRAD_Y_SUMS[self.grad_y_sum]}{tiles}_"
                 f"{'f32' if self.dtype == 'float32' else 'f64'}")
 
@@ -294,6 +303,18 @@ def harmonics_mismatch(problem: TPProblem, harmonics: SHProblem) -> str | None:
         return (f"irreps_in2 {irreps_str(problem.irreps_in2)} are not the harmonics of degrees {harmonics.ls} "
                 "(one irrep of multiplicity 1 and parity (-1)^l per degree, in order)")
     return None
+
+
+MAX_CHUNK_SPAN = 4  # 128 channels per warp: MACE's widest irreps in one block row
+
+
+def check_span(span, what: str) -> int:
+    """``span`` if it is a number of chunks per warp KernelSpec.chunk_span takes (1 .. MAX_CHUNK_SPAN), else a
+    ValueError starting with ``what``."""
+    if isinstance(span, bool) or not isinstance(span, int) or not 1 <= span <= MAX_CHUNK_SPAN:
+        raise ValueError(f"{what} must be a whole number of 32-channel chunks per warp from 1 to {MAX_CHUNK_SPAN}, "
+                         f"got {span!r}")
+    return span
 
 
 def check_harmonics(problem: TPProblem, harmonics: SHProblem | None) -> None:
@@ -446,9 +467,11 @@ class _PhaseEmitter:
         if not self.spec.chunk_loops:
             u = f"{WARP * seg.chunk} + lane" if seg.chunk else "lane"
             return u, (f"lane < {seg.lanes}" if seg.lanes < WARP else None)
-        mul = self.acc_irreps[seg.irrep][0]
-        full = mul % WARP == 0 and mul // WARP >= self.blocks
-        return "c32 + lane", (None if full else f"lane < {mul} - c32")
+        mul, span = self.acc_irreps[seg.irrep][0], self.spec.chunk_span
+        full = mul % (WARP * span) == 0 and mul // (WARP * span) >= self.blocks
+        first = WARP * seg.chunk  # the chunk's first channel after the block's first (c32)
+        return (f"c32 + {first} + lane" if first else "c32 + lane"), (
+            None if full else f"lane < {mul - first} - c32")
 
     def lane_setup(self, L: _Lines, seg) -> tuple[str, str | None]:
         u, ok = self.lane(seg)
@@ -461,7 +484,8 @@ class _PhaseEmitter:
 
     def channels(self, seg) -> str:
         if self.spec.chunk_loops:
-            return "channels c32..c32+31"
+            first = WARP * seg.chunk
+            return f"channels c32+{first}..c32+{first + WARP - 1}" if first else "channels c32..c32+31"
         return f"channels {WARP * seg.chunk}..{WARP * seg.chunk + seg.lanes - 1}"
 
     def gy_base(self) -> str:
@@ -849,8 +873,11 @@ class _PhaseEmitter:
         if not self.spec.chunk_loops:
             return prefetch_hints.Run(row, start + WARP * seg.chunk * width, seg.lanes * width)
         lanes = WARP if mul % WARP == 0 else mul % WARP  # within the irrep for every chunk, the partial one too
-        below = mul if mul < WARP * self.blocks else 0  # blocks beyond this irrep's chunks read none of it
-        return prefetch_hints.Run(row, start, lanes * width, "c32" if width == 1 else f"c32 * {width}", below)
+        first = WARP * seg.chunk  # the chunk's first channel after the block's first (c32: chunk_span > 1)
+        # blocks whose chunk lies beyond this irrep's channels read none of it: guarded where the last block's does
+        below = mul - first if WARP * self.spec.chunk_span * (self.blocks - 1) + first >= mul else 0
+        return prefetch_hints.Run(row, start + first * width, lanes * width,
+                                  "c32" if width == 1 else f"c32 * {width}", below)
 
     def _node_runs(self, row: str, irreps, offsets, i: int, seg, layout: str) -> list[prefetch_hints.Run]:
         mul, l, _ = irreps[i]
@@ -935,7 +962,7 @@ class _PhaseEmitter:
         ordered = spec.variant == "det" and accumulate
         if spec.chunk_loops:  # one case label per chunk block; c32: the block's first channel
             labels = ": case ".join(str(self.first_block + c) for c in range(self.blocks))
-            acc_decl.lines.insert(0, f"    const int c32 = {WARP} * (by - {self.first_block});")
+            acc_decl.lines.insert(0, f"    const int c32 = {WARP * spec.chunk_span} * (by - {self.first_block});")
         else:
             labels = str(self.index)
         return _template("phase.cu").substitute(
@@ -988,7 +1015,7 @@ def _segments_str(irreps, phase: Phase) -> str:
 
 def schedule_for(spec: KernelSpec) -> Schedule:
     budget = spec.budget if spec.accumulates else None
-    return build_schedule(spec.problem, spec.side, budget, one_chunk=spec.chunk_loops)
+    return build_schedule(spec.problem, spec.side, budget, one_chunk=spec.chunk_loops, span=spec.chunk_span)
 
 
 def chunk_blocks(spec: KernelSpec, schedule: Schedule) -> list[int]:
@@ -996,7 +1023,8 @@ def chunk_blocks(spec: KernelSpec, schedule: Schedule) -> list[int]:
     if not spec.chunk_loops:
         return [1] * len(schedule.phases)
     irreps = spec.problem.irreps_out if spec.side == "out" else spec.problem.irreps_in1
-    return [max(-(-irreps[s.irrep][0] // WARP) for s in phase.segments) for phase in schedule.phases]
+    width = WARP * spec.chunk_span
+    return [max(-(-irreps[s.irrep][0] // width) for s in phase.segments) for phase in schedule.phases]
 
 
 def node_layout(spec: KernelSpec) -> str:

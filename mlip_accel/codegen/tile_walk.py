@@ -50,12 +50,12 @@ def shared_bytes(spec, acc: int, blocks: int) -> int:
 
 def tiles_apply(spec, schedule, blocks: int) -> bool:
     """Whether a spec asking for ``sender_tiles`` gets the tiled walk: the deterministic convolution's backward with
-    grad x, chunk loops, one phase (one program: nothing to split), no table, no harmonics in the walk, within the
+    grad x, chunk loops of one chunk per warp, one phase (one program: nothing to split), no table, no harmonics in the walk, within the
     shared memory."""
     if not spec.sender_tiles:
         return False
     if not (spec.direction == "backward" and spec.variant == "det" and spec.need[0] and spec.chunk_loops
-            and not spec.tabulated and spec.harmonics is None and len(schedule.phases) == 1):
+            and spec.chunk_span == 1 and not spec.tabulated and spec.harmonics is None and len(schedule.phases) == 1):
         return False
     if blocks * WARP > 1024:
         return False

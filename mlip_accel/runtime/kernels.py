@@ -8,8 +8,8 @@ from __future__ import annotations
 from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
 from . import first_use
-from .tuning import (budget_for, chunk_loops_enabled, contract_once_for, gz_e3nn_enabled, prefetch_level,
-                     register_step_applies, register_step_mode, sender_tiles_for, split_bytes, grad_y_sum_mode)
+from .tuning import (budget_for, chunk_loops_enabled, chunk_span_for, contract_once_for, gz_e3nn_enabled,
+                     prefetch_level, register_step_applies, register_step_mode, sender_tiles_for, split_bytes, grad_y_sum_mode)
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}
@@ -34,12 +34,13 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     step = register_step_applies(variant, tabulated)
     tiles = sender_tiles_for(direction, variant)
     once = contract_once_for(direction)
+    span = chunk_span_for(direction, dtype, loops)
     key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
-           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step, tiles, once,
+           loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step, tiles, once, span,
            register_step_mode())  # compiled under it (runtime.occupancy): a module per setting
     gm = _MODULES.get(key)
     if gm is None:
         gm = _MODULES[key] = generate(KernelSpec(problem, dtype, direction, variant, tuple(need), budget, loops,
                                                  tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step, tiles,
-                                                 once))
+                                                 once, span))
     return gm if device is None else first_use.module(gm, device)

@@ -404,6 +404,44 @@ def contract_once(enabled: bool = True):
     return _pushed(_CONTRACT_ONCE_OVERRIDE, bool(enabled))
 
 
+# Chunks per warp of the looped walks (codegen KernelSpec.chunk_span): with chunk loops each warp takes one 32-channel
+# chunk, so the per-edge work that does not depend on the channel (y's loads, the CG coefficients A, grad y's
+# contraction with C and its warp reduce-scatter, the edge loop) is done once per chunk: about 45 % of the looped
+# backward's instructions on mace-medium (PTX, twenty-fourth session), which is bound by the instructions it issues
+# (benchmarks/sender_tiles_23rd.md). A span of 2 or 4 shares it between that many chunks. Empty: every walk one chunk
+# per warp until measured; $MLIP_ACCEL_CHUNK_SPAN=<n> sets every looped walk (an A/B).
+CHUNK_SPAN: dict[tuple[str, str], int] = {}
+_CHUNK_SPAN_OVERRIDE: list[int] = []
+
+
+@functools.lru_cache(maxsize=None)
+def _env_chunk_span() -> int | None:
+    from ..codegen.tensor_product import check_span
+
+    value = os.environ.get("MLIP_ACCEL_CHUNK_SPAN", "").strip()
+    if not value:
+        return None
+    return check_span(int(value) if value.isdigit() else value, f"MLIP_ACCEL_CHUNK_SPAN={value!r}:")
+
+
+def chunk_span_for(direction: str, dtype: str, loops: bool) -> int:
+    """The 32-channel chunks per warp of a walk (1 without chunk loops): a test or benchmark override, else
+    ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype), else 1."""
+    if not loops:
+        return 1
+    if _CHUNK_SPAN_OVERRIDE:
+        return _CHUNK_SPAN_OVERRIDE[-1]
+    env = _env_chunk_span()
+    return env if env is not None else CHUNK_SPAN.get((direction, dtype), 1)
+
+
+def chunk_span(span: int):
+    """Generate the looped walks with ``span`` chunks per warp inside the block."""
+    from ..codegen.tensor_product import check_span
+
+    return _pushed(_CHUNK_SPAN_OVERRIDE, check_span(span, "chunks per warp"))
+
+
 # Register steps of occupancy (runtime.occupancy): a walk ptxas left a few registers above a step of resident blocks
 # per SM compiled again bounded under it. "rule" (default), "off" ($MLIP_ACCEL_REGISTER_STEP=0: ptxas's images), or
 # "force" (tests and benchmarks: every stepped walk one block above ptxas's choice).

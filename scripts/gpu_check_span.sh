@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 15: several 32-channel chunks per warp in the looped walks (codegen KernelSpec.chunk_span; notes in
+# benchmarks/chunk_span_24th.md): walk_ab.py --what span on MACE's problems at carbon-8k (PROBLEMS_8K, DTYPES_8K) and
+# carbon-1k (PROBLEMS_1K, DTYPES_1K), L2 warm, ROUNDS rounds, settings LEVELS (default all of walk_ab's "span"); then
+# the span GPU tests (and TESTS: more files or ids) within TESTS_TIMEOUT; unless SKIP_PEERS=1 the backward against its
+# peers with MLIP_ACCEL_CHUNK_SPAN=<each of PEER_SPANS> (bench_kernels.py, PEER_ARGS). From the repository root with
+# .whl/common, .whl/nequip (and .whl/cueq_ops_cu13.tar.xz for the peers) carried. Results under $OUT:
+# ab_<graph>/walk_ab_span.{json,md}, tests.log, bench_s<n>/kernels.{json,md}, summary.txt.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
+gpu_check_start gpu_check_span || exit 1
+levels=${LEVELS:+--levels $LEVELS}
+for graph in ${GRAPHS:-carbon-8k carbon-1k}; do
+  if [[ $graph == carbon-8k ]]; then
+    problems=${PROBLEMS_8K:-mace-medium,mace-large} dtypes=${DTYPES_8K:-float32}
+  else
+    problems=${PROBLEMS_1K:-mace-medium,mace-large} dtypes=${DTYPES_1K:-float32,float64}
+  fi
+  timeout "${AB_TIMEOUT:-200}" bash -c "py_nequip scripts/walk_ab.py --what span --problems $problems \
+    --dtypes $dtypes --graph $graph --rounds ${ROUNDS:-3} $levels ${AB_ARGS:-} --out $OUT/ab_$graph" \
+    >"$OUT/ab_$graph.log" 2>&1
+  stage "walk_ab span $graph" $?
+  grep "^|" "$OUT/ab_$graph/walk_ab_span.md" 2>/dev/null || tail -n 5 "$OUT/ab_$graph.log"
+done
+gpu_tests nequip "${TESTS_TIMEOUT:-150}" tests test_chunk_span_gpu.py ${TESTS:-}
+if [[ ${SKIP_PEERS:-1} != 1 ]]; then
+  for span in ${PEER_SPANS:-1 2}; do
+    MLIP_ACCEL_CHUNK_SPAN=$span timeout $(( ${BENCH_BUDGET:-90} + 60 )) bash -c "py_nequip scripts/bench_kernels.py \
+      --no-compile-time ${PEER_ARGS:---problem-names mace-medium,mace-large --graphs carbon-1k,carbon-8k --dtypes float32 --directions bwd --impls mlip_accel-det,cueq-uniform_1d} \
+      --time-budget ${BENCH_BUDGET:-90} --out $OUT/bench_s$span" >"$OUT/bench_s$span.log" 2>&1
+    stage "bench_kernels span=$span" $?
+    grep "^|" "$OUT/bench_s$span/kernels.md" 2>/dev/null | head -30
+  done
+fi
+cat "$OUT/summary.txt"
+exit $status

@@ -1,0 +1,162 @@
+"""Several 32-channel chunks per warp in the looped walks (codegen KernelSpec.chunk_span, runtime.tuning.chunk_span):
+on the CPU through the emulator against the reference in every direction (det and atomic convolution, batched TP, the
+fused double backward), multiplicities off multiples of 64 and irreps of different chunk counts in one phase; what the
+generated walk shares per edge, the switch's checks, and the walks without loops (unchanged by it)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cuda_emulator
+from kernel_cases import (TOL, bench_problem_named, double_backward_reference, graph, incoming_gradients, inputs,
+                          random_uvu_problem, rel_err)
+from mlip_accel import reference
+from mlip_accel.codegen import KernelSpec, generate
+from mlip_accel.codegen.tensor_product import check_span
+from mlip_accel.graph import edge_orders, sort_edges
+from mlip_accel.runtime import backend as cuda
+from mlip_accel.runtime import debug, tuning
+from mlip_accel.runtime.executor import use_executor
+from mlip_accel.runtime.kernels import module_for
+
+emulated = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
+
+
+def _close(got, want, dtype, what):
+    for n, (a, b) in enumerate(zip(got, want)):
+        if b is None:
+            assert a is None
+            continue
+        assert rel_err(a, b) <= TOL[dtype], f"{what} output {n}: {rel_err(a, b):.3g}"
+
+
+@emulated
+@pytest.mark.parametrize("span", [2, 3, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
+def test_conv_every_direction_matches_the_reference(emulator, span, seed, deterministic):
+    problem = random_uvu_problem(seed)  # multiplicities 1 .. 70: one, two and three chunks, partial ones
+    dtype = torch.float64
+    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
+    dst, src = graph("hub", 9, 77, seed=seed)
+    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
+    with use_executor(emulator), debug.poison(), cuda.chunk_loops(), tuning.chunk_span(span), \
+            cuda.accumulator_budget(forward=12, backward=10), cuda.edges_per_warp(5):
+        assert module_for(problem, "float64", "backward", "det").spec.chunk_span == span
+        _close((cuda.conv_forward(problem, x, y, w, dst, src, perm),),
+               (reference.conv_forward(problem, x, y, w, dst, src),), dtype, "forward")
+        _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+               reference.conv_backward(problem, x, y, w, gz, dst, src), dtype, "backward")
+        gg = incoming_gradients(x, y, w, (True, True, True), seed)
+        _close(cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm),
+               double_backward_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
+
+
+@emulated
+def test_tp_float32_and_isolated_nodes(emulator):
+    problem = random_uvu_problem(4)
+    with use_executor(emulator), debug.poison(), cuda.chunk_loops(), tuning.chunk_span(2):
+        x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
+        gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
+        _close((cuda.tp_forward(problem, x, y, w),), (reference.tp_forward(problem, x, y, w),), torch.float32, "tp")
+        _close(cuda.tp_backward(problem, x, y, w, gz), reference.tp_backward(problem, x, y, w, gz), torch.float32,
+               "tp backward")
+        xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
+        dst, src = graph("isolated", 11, 70, seed=5)
+        g = sort_edges(dst, src, 11)
+        gg = incoming_gradients(xs, ys, ws, (True, False, True), 5)
+        _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
+               double_backward_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
+        _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
+               reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
+               torch.float32, "backward grad y")
+
+
+@emulated
+def test_mace_medium_backward_at_two_chunks_per_warp(emulator):
+    """The bench problem the span is for, at its own rule's budget, float32: the reference and, for grad x, bitwise
+    the walk of one chunk per warp (each channel's sums are the same additions in the same order)."""
+    problem = bench_problem_named("mace-medium")
+    x, y, w, gz = inputs(problem, 6, 40, torch.float32, seed=3)
+    dst, src = graph("hub", 6, 40, seed=3)
+    _, tperm = edge_orders(sort_edges(dst, src, 6))
+    got = {}
+    with use_executor(emulator), debug.poison():
+        for span in (1, 2):
+            with tuning.chunk_span(span):
+                got[span] = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm)
+    _close(got[2], reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src),
+           torch.float32, "span 2")
+    assert torch.equal(got[1][0], got[2][0])
+    assert torch.equal(got[1][2], got[2][2])  # grad w: per edge and channel, nothing summed across chunks
+
+
+def test_two_chunks_per_warp_share_the_edge_work():
+    """mace-medium's looped fp32 backward: with two chunks per warp, half the y-blocks (warps per edge), each taking
+    channels c32 .. c32 + 63, while the edge's CG coefficients and grad y's reduction appear once in the code, as
+    with one chunk per warp."""
+    problem = bench_problem_named("mace-medium")
+    one = module_for(problem, "float32", "backward", "det")
+    with tuning.chunk_span(2):
+        two = module_for(problem, "float32", "backward", "det")
+    assert one.spec.chunk_loops and one.spec.chunk_span == 1 and two.spec.chunk_span == 2
+    assert dict(one.walk_plan.tuning)["phases"] == 4 and dict(two.walk_plan.tuning)["phases"] == 2
+    assert two.walk_plan.grid.block_threads == 64  # stacked: one warp per y-block
+    assert two.walk_plan.kernel.endswith("_s2_f32") and two.walk_plan.kernel != one.walk_plan.kernel
+    assert "const int c32 = 64 * (by - 0);" in two.source and "channels c32+32..c32+63" in two.source
+    for marker in ("const T a0_0 = ", "grad y: warp reduce-scatter"):
+        assert one.source.count(marker) == two.source.count(marker) > 0
+    assert one.schedule.phases[0].acc_per_lane == 4 and two.schedule.phases[0].acc_per_lane == 8
+
+
+def test_one_chunk_per_warp_is_the_walk_as_before():
+    """chunk_span 1 generates exactly the looped walk (the field's default), and without chunk loops the span is
+    normalised away (every chunk is in the unrolled code already)."""
+    problem = random_uvu_problem(1)
+    base = KernelSpec(problem, "float32", "backward", "det", budget=8, chunk_loops=True)
+    assert generate(base).source == generate(KernelSpec(problem, "float32", "backward", "det", budget=8,
+                                                        chunk_loops=True, chunk_span=1)).source
+    unrolled = KernelSpec(problem, "float32", "backward", "det", budget=8, chunk_span=3)
+    assert unrolled.chunk_span == 1 and unrolled == KernelSpec(problem, "float32", "backward", "det", budget=8)
+    assert tuning.chunk_span_for("backward", "float32", loops=False) == 1
+    with tuning.chunk_span(4):
+        assert tuning.chunk_span_for("backward", "float32", loops=False) == 1
+        assert tuning.chunk_span_for("forward", "float64", loops=True) == 4
+
+
+def test_span_takes_no_tiles():
+    """The tiled backward (codegen/tile_walk.py) loads one chunk of grad_z per warp: with two chunks per warp the
+    walk in sender order is generated."""
+    problem = bench_problem_named("mace-medium")
+    with tuning.sender_tiles(8):
+        assert module_for(problem, "float32", "backward", "det").spec.sender_tiles == 8
+        with tuning.chunk_span(2):
+            gm = module_for(problem, "float32", "backward", "det")
+    assert gm.spec.sender_tiles == 0 and gm.spec.chunk_span == 2
+
+
+@pytest.mark.parametrize("bad", [0, 5, -1, True, 2.0, "2", None])
+def test_bad_spans_are_refused(bad):
+    with pytest.raises(ValueError, match="32-channel chunks per warp from 1 to 4"):
+        check_span(bad, "chunk_span")
+    with pytest.raises(ValueError, match="chunk_span must be"):
+        KernelSpec(random_uvu_problem(0), "float32", "backward", "det", chunk_loops=True, chunk_span=bad)
+    with pytest.raises(ValueError, match="chunks per warp must be"):
+        with tuning.chunk_span(bad):
+            pass
+
+
+@pytest.mark.parametrize("value,ok", [("2", 2), (" 4 ", 4), ("0", None), ("9", None), ("two", None)])
+def test_the_environment_switch(monkeypatch, value, ok):
+    monkeypatch.setenv("MLIP_ACCEL_CHUNK_SPAN", value)
+    tuning._env_chunk_span.cache_clear()
+    try:
+        if ok is None:
+            with pytest.raises(ValueError, match="MLIP_ACCEL_CHUNK_SPAN="):
+                tuning.chunk_span_for("backward", "float32", loops=True)
+        else:
+            assert tuning.chunk_span_for("backward", "float32", loops=True) == ok
+            assert tuning.chunk_span_for("backward", "float32", loops=False) == 1
+    finally:
+        monkeypatch.delenv("MLIP_ACCEL_CHUNK_SPAN")
+        tuning._env_chunk_span.cache_clear()
