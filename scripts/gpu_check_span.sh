@@ -5,7 +5,8 @@
 # the span GPU tests (and TESTS: more files or ids) within TESTS_TIMEOUT; unless SKIP_PEERS=1 the backward against its
 # peers with MLIP_ACCEL_CHUNK_SPAN=<each of PEER_SPANS> (bench_kernels.py, PEER_ARGS). From the repository root with
 # .whl/common, .whl/nequip (and .whl/cueq_ops_cu13.tar.xz for the peers) carried. Results under $OUT:
-# ab_<graph>/walk_ab_span.{json,md}, tests.log, bench_s<n>/kernels.{json,md}, summary.txt.
+# ab_<graph>/walk_ab_span.{json,md}, tests.log (TILES_TESTS=1: tiles_s2.log, the tiles' GPU tests at two chunks
+# per warp), bench_s<n>/kernels.{json,md}, summary.txt.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_stages.sh"
 gpu_check_start gpu_check_span || exit 1
@@ -23,6 +24,9 @@ for graph in ${GRAPHS:-carbon-8k carbon-1k}; do
   grep "^|" "$OUT/ab_$graph/walk_ab_span.md" 2>/dev/null || tail -n 5 "$OUT/ab_$graph.log"
 done
 gpu_tests nequip "${TESTS_TIMEOUT:-150}" tests test_chunk_span_gpu.py ${TESTS:-}
+if [[ ${TILES_TESTS:-0} == 1 ]]; then  # the tiles' GPU tests with two chunks per warp
+  MLIP_ACCEL_CHUNK_SPAN=2 gpu_tests nequip "${TESTS_TIMEOUT:-150}" tiles_s2 test_sender_tiles_gpu.py
+fi
 if [[ ${SKIP_PEERS:-1} != 1 ]]; then
   for span in ${PEER_SPANS:-1 2}; do
     MLIP_ACCEL_CHUNK_SPAN=$span timeout $(( ${BENCH_BUDGET:-90} + 60 )) bash -c "py_nequip scripts/bench_kernels.py \

@@ -75,14 +75,21 @@ def settings(what: str, limit: int) -> dict:
     if what == "contract":  # the walks by sender contracting A with grad_z twice (for grad x, for grad w) or once
         return {"twice": lambda: tuning.contract_once(False), "once": lambda: tuning.contract_once(True)}
     if what == "span":  # the looped walks with one 32-channel chunk per warp, or 2 / 4 (KernelSpec.chunk_span): 2
-        # also bounded one block per SM above ptxas's choice (runtime.occupancy "force"), with one contraction, and
-        # with an accumulator budget of 32 (mace-large's grad x in one phase at 2 chunks per warp)
+        # also bounded one block per SM above ptxas's choice (runtime.occupancy "force"), with one contraction,
+        # with an accumulator budget of 32 (mace-large's grad x in one phase at 2 chunks per warp), without hints and
+        # over tiles
         return {"s1": lambda: tuning.chunk_span(1), "s2": lambda: tuning.chunk_span(2),
                 "s2-force": lambda: _both(tuning.chunk_span(2), tuning.register_step("force")),
                 "s2-once-force": lambda: _both(tuning.chunk_span(2), tuning.contract_once(True),
                                                tuning.register_step("force")),
                 "s2-b32": lambda: _both(tuning.chunk_span(2), tuning.accumulator_budget(backward=32)),
-                "s4": lambda: tuning.chunk_span(4)}
+                "s4": lambda: tuning.chunk_span(4),
+                # without prefetch hints (their L2 requests: the walk's L2 throughput is near its peak) and over
+                # tiles of 8 senders (L2 sectors -40 % at one chunk per warp, twenty-third session)
+                "s1-nohints": lambda: _both(tuning.chunk_span(1), tuning.prefetch("")),
+                "s2-nohints": lambda: _both(tuning.chunk_span(2), tuning.prefetch("")),
+                "t8": lambda: _both(tuning.chunk_span(1), tuning.sender_tiles(8)),
+                "t8-s2": lambda: _both(tuning.chunk_span(2), tuning.sender_tiles(8))}
     if what == "loops":  # the chunk-loops rule against every walk unrolled / every walk looped
         return {"rule": contextlib.nullcontext, "unrolled": lambda: tuning.chunk_loops(False),
                 "looped": lambda: tuning.chunk_loops(True)}

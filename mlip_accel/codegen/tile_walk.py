@@ -50,12 +50,12 @@ def shared_bytes(spec, acc: int, blocks: int) -> int:
 
 def tiles_apply(spec, schedule, blocks: int) -> bool:
     """Whether a spec asking for ``sender_tiles`` gets the tiled walk: the deterministic convolution's backward with
-    grad x, chunk loops of one chunk per warp, one phase (one program: nothing to split), no table, no harmonics in the walk, within the
+    grad x, chunk loops, one phase (one program: nothing to split), no table, no harmonics in the walk, within the
     shared memory."""
     if not spec.sender_tiles:
         return False
     if not (spec.direction == "backward" and spec.variant == "det" and spec.need[0] and spec.chunk_loops
-            and spec.chunk_span == 1 and not spec.tabulated and spec.harmonics is None and len(schedule.phases) == 1):
+            and not spec.tabulated and spec.harmonics is None and len(schedule.phases) == 1):
         return False
     if blocks * WARP > 1024:
         return False
@@ -71,30 +71,42 @@ def emitter_class(base):
             """The output irreps this phase's paths read grad_z of, in order."""
             return sorted({path.i_out for path, _ in self.work})
 
-        def g_name(self, i: int, k: int) -> str:
-            return f"G{i}_{k}"
+        def g_name(self, i: int, c: int, k: int) -> str:
+            return f"G{i}_{k}" if self.spec.chunk_span == 1 else f"G{i}_{c}_{k}"
+
+        def out_chunks(self, i: int) -> range:
+            """The chunks of output irrep ``i`` a warp holds (``chunk_span`` of them, fewer for a narrow irrep)."""
+            return range(min(self.spec.chunk_span, -(-self.p.irreps_out[i][0] // WARP)))
+
+        def lane_setup(self, L: Lines, seg):
+            self.chunk = seg.chunk  # the chunk whose grad_z registers g_operands reads next
+            return super().lane_setup(L, seg)
 
         def g_operands(self, L: Lines, path, u: str, ok: str | None):
             l3 = self.p.irreps_out[path.i_out][1]
             for k in range(2 * l3 + 1):
-                L(f"const T g{k} = {self.g_name(path.i_out, k)};")
+                L(f"const T g{k} = {self.g_name(path.i_out, self.chunk, k)};")
 
         def g_decl(self, L: Lines) -> None:
             for i in self.out_irreps():
                 l3 = self.p.irreps_out[i][1]
-                L(f"T {', '.join(f'{self.g_name(i, k)} = T(0)' for k in range(2 * l3 + 1))};")
+                for c in self.out_chunks(i):
+                    L(f"T {', '.join(f'{self.g_name(i, c, k)} = T(0)' for k in range(2 * l3 + 1))};")
 
         def g_loads(self, L: Lines) -> None:
             from .tensor_product import _guarded, _node_addr
 
             L("const T* gr = gz + other * D_OUT;")
+            width = WARP * self.spec.chunk_span  # channels per warp
             for i in self.out_irreps():
                 mul3, l3, _ = self.p.irreps_out[i]
-                ok = None if mul3 % WARP == 0 and mul3 // WARP >= self.blocks else f"lane < {mul3} - c32"
-                for k in range(2 * l3 + 1):
-                    addr = _node_addr("gr", self.p.offsets_out[i], mul3, 2 * l3 + 1, "c32 + lane", k,
-                                      self.gz_layout)
-                    L(f"{self.g_name(i, k)} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
+                for c in self.out_chunks(i):
+                    first = WARP * c
+                    u = f"c32 + {first} + lane" if first else "c32 + lane"
+                    ok = None if mul3 % width == 0 and mul3 // width >= self.blocks else f"lane < {mul3 - first} - c32"
+                    for k in range(2 * l3 + 1):
+                        addr = _node_addr("gr", self.p.offsets_out[i], mul3, 2 * l3 + 1, u, k, self.gz_layout)
+                        L(f"{self.g_name(i, c, k)} = {_guarded(ok, 'ld_keep(' + addr + ')')};")
 
         def gy_base(self) -> str:
             return "gy_stack + (by * 32 + b) * GY_WIDTH"
@@ -178,7 +190,7 @@ def walk_source(emitter, *, title: str, problem: str, schedule: str, prelude: st
     stack_decl, stack_sum = gy_sum(spec)
     return template("walk_tiles.cu").substitute(
         title=title, problem=problem, schedule=schedule, prelude=prelude, dims=walk_dims(p, acc_width),
-        tile_senders=spec.sender_tiles,
+        tile_senders=spec.sender_tiles, warp_channels=WARP * spec.chunk_span,
         tile_edges=TILE_EDGES, blocks=emitter.blocks, acc=emitter.phase.acc_per_lane, gy_width=p.dim_in2,
         block_threads=plan.grid.block_threads, kernel=plan.kernel, parameters=plan.parameters(),
         gy_stack_decl=stack_decl, g_decl=g_decl.text(), prefetch=emitter.prefetch_text(), flush=flush.text(),

@@ -9,7 +9,8 @@ from ..codegen import GeneratedModule, KernelSpec, generate
 from ..problem import TPProblem
 from . import first_use
 from .tuning import (budget_for, chunk_loops_enabled, chunk_span_for, contract_once_for, gz_e3nn_enabled,
-                     prefetch_level, register_step_applies, register_step_mode, sender_tiles_for, split_bytes, grad_y_sum_mode)
+                     prefetch_level, register_step_applies, register_step_mode, sender_tiles_for, split_bytes,
+                     grad_y_sum_mode)
 
 _KEYS: dict[int, tuple[TPProblem, str]] = {}
 _MODULES: dict[tuple, GeneratedModule] = {}

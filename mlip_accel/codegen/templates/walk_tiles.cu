@@ -14,11 +14,11 @@ ${dims}
 
 // The backward by sender over tiles (codegen/tile_walk.py). Block `warp` owns positions [q0, q1) of the sender
 // order (`order`: CSR by `keys`, the senders), at most TILE_EDGES of them; its BLOCKS warps are the chunk loops'
-// y-blocks (warp `by` holds channels 32 * by .. 32 * by + 31 of every irrep) over the same edges. The block ranks its
-// senders (0, 1, .. in the order), sorts its edges by (group of TILE_SENDERS consecutive ranks, receiver, position)
-// in shared memory and walks them in that order, so the edges of a group that gather one receiver's grad_z row
-// follow each other: the row is loaded into registers once for all of them. The group's grad-x accumulators live in
-// shared memory (`tile_acc`, one slot per lane and value: no two lanes share one) and are flushed when the group
+// y-blocks (warp `by` holds channels c32 .. c32 + 32 s - 1 of every irrep, s chunks per warp) over the same edges.
+// The block ranks its senders (0, 1, .. in the order), sorts its edges by (group of TILE_SENDERS consecutive ranks,
+// receiver, position) in shared memory and walks them in that order, so the edges of a group that gather one
+// receiver's grad_z row follow each other: the row is loaded into registers once for all of them. The group's
+// grad-x accumulators live in shared memory (`tile_acc`, one slot per lane and value: no two lanes share one) and are flushed when the group
 // changes: the block's first sender (rank 0) may have started in an earlier block: it goes to fixup[warp], summed in
 // block order by the fixup kernel (templates/fixup.cu, one slot per block); every later sender is owned by this
 // block alone (plain store). grad w is written per edge; grad y per edge from each warp's reduce-scatter into
@@ -38,7 +38,7 @@ extern "C" __global__ void MLA_WALK_BOUNDS(${block_threads}) ${kernel}(
   if (q0 >= num_edges) return;  // the whole block leaves together: the barriers below see every warp
   const long long q1 = q0 + edges_per_warp < num_edges ? q0 + edges_per_warp : num_edges;
   const int n = (int)(q1 - q0);
-  const int c32 = 32 * by;
+  const int c32 = ${warp_channels} * by;  // the warp's first channel (KernelSpec.chunk_span chunks per warp)
   __shared__ unsigned long long sorted[TILE_EDGES];
   __shared__ T tile_acc[BLOCKS * TILE_SENDERS * ACC * 32];
 ${gy_stack_decl}
