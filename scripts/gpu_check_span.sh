@@ -3,7 +3,8 @@
 # benchmarks/chunk_span_24th.md): walk_ab.py --what span on MACE's problems at carbon-8k (PROBLEMS_8K, DTYPES_8K) and
 # carbon-1k (PROBLEMS_1K, DTYPES_1K), L2 warm, ROUNDS rounds, settings LEVELS (default all of walk_ab's "span"); then
 # the span GPU tests (and TESTS: more files or ids) within TESTS_TIMEOUT; unless SKIP_PEERS=1 the backward against its
-# peers with MLIP_ACCEL_CHUNK_SPAN=<each of PEER_SPANS> (bench_kernels.py, PEER_ARGS). From the repository root with
+# peers with MLIP_ACCEL_CHUNK_SPAN=<each of PEER_SPANS; rule: unset> (bench_kernels.py, PEER_ARGS); SANITIZER=1:
+# compute-sanitizer memcheck and racecheck on sanitizer_case.py --only span. From the repository root with
 # .whl/common, .whl/nequip (and .whl/cueq_ops_cu13.tar.xz for the peers) carried. Results under $OUT:
 # ab_<graph>/walk_ab_span.{json,md}, tests.log (TILES_TESTS=1: tiles_s2.log, the tiles' GPU tests at two chunks
 # per warp), bench_s<n>/kernels.{json,md}, summary.txt.
@@ -27,13 +28,22 @@ gpu_tests nequip "${TESTS_TIMEOUT:-150}" tests test_chunk_span_gpu.py ${TESTS:-}
 if [[ ${TILES_TESTS:-0} == 1 ]]; then  # the tiles' GPU tests with two chunks per warp
   MLIP_ACCEL_CHUNK_SPAN=2 gpu_tests nequip "${TESTS_TIMEOUT:-150}" tiles_s2 test_sender_tiles_gpu.py
 fi
+if [[ ${SANITIZER:-0} == 1 ]]; then  # compute-sanitizer memcheck and racecheck on the span walks (sanitizer_case.py)
+  for tool in memcheck racecheck; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" \
+      --error-exitcode 3 bash -c "py_nequip scripts/sanitizer_case.py --only span" >"$OUT/sanitizer_$tool.log" 2>&1
+    stage "$tool (span)" $?
+    tail -n 3 "$OUT/sanitizer_$tool.log"
+  done
+fi
 if [[ ${SKIP_PEERS:-1} != 1 ]]; then
-  for span in ${PEER_SPANS:-1 2}; do
+  for span in ${PEER_SPANS:-1 2}; do  # "rule": the default of each walk
+    [[ $span == rule ]] && span=""
     MLIP_ACCEL_CHUNK_SPAN=$span timeout $(( ${BENCH_BUDGET:-90} + 60 )) bash -c "py_nequip scripts/bench_kernels.py \
       --no-compile-time ${PEER_ARGS:---problem-names mace-medium,mace-large --graphs carbon-1k,carbon-8k --dtypes float32 --directions bwd --impls mlip_accel-det,cueq-uniform_1d} \
-      --time-budget ${BENCH_BUDGET:-90} --out $OUT/bench_s$span" >"$OUT/bench_s$span.log" 2>&1
-    stage "bench_kernels span=$span" $?
-    grep "^|" "$OUT/bench_s$span/kernels.md" 2>/dev/null | head -30
+      --time-budget ${BENCH_BUDGET:-90} --out $OUT/bench_s${span:-rule}" >"$OUT/bench_s${span:-rule}.log" 2>&1
+    stage "bench_kernels span=${span:-rule}" $?
+    grep "^|" "$OUT/bench_s${span:-rule}/kernels.md" 2>/dev/null | head -40
   done
 fi
 cat "$OUT/summary.txt"

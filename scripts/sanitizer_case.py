@@ -41,14 +41,59 @@ def double_backward_checks(problem, dtype, failures: list) -> None:
                                     f"{edges} edges given {given} output {n}: {rel_err(a, b):.3g}")
 
 
+def span_checks(failures: list) -> None:
+    """The looped walks at two and three 32-channel chunks per warp (KernelSpec.chunk_span; the tiled backward at two
+    too), every direction, det and atomic, on the issue's graphs: a problem whose irreps end in partial chunks, and
+    mace-medium's fp32 backward as the rule generates it (two chunks per warp)."""
+    from mlip_accel.runtime import tuning
+    from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
+
+    graphs = (("hub", 13, 77), ("isolated", 12, 45), ("random", 10, 1), ("random", 6, 0))
+    problem = random_uvu_problem(21, muls=(5, 33, 40, 70))
+    for span, (kind, nodes, edges), dtype in itertools.product((2, 3), graphs, (torch.float32, torch.float64)):
+        x, y, w, gz = inputs(problem, nodes, edges, dtype, "cuda", seed=3)
+        gg = incoming_gradients(x, y, w, (True, True, True), seed=3)
+        dst, src = graph(kind, nodes, edges, seed=3, device="cuda")
+        with cuda.chunk_loops(), tuning.chunk_span(span), cuda.accumulator_budget(forward=8, backward=6), \
+                cuda.edges_per_warp(5):
+            for g in (sort_edges(dst, src, nodes), None):
+                perm, tperm = edge_orders(g)
+                checks = [(cuda.conv_forward(problem, x, y, w, dst, src, perm),
+                           reference.conv_forward(problem, x, y, w, dst, src))]
+                checks += zip(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
+                              reference.conv_backward(problem, x, y, w, gz, dst, src))
+                checks += zip(cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm),
+                              double_backward_reference(problem, x, y, w, gz, gg, dst, src))
+                _collect(failures, checks, dtype, f"span {span} {'det' if g is not None else 'atomic'} {kind}")
+    medium = bench_problem(next(s for s in bench_problem_specs() if s["name"] == "mace-medium"))
+    for (kind, nodes, edges), tiles in itertools.product(graphs, (0, 4)):
+        x, y, w, gz = inputs(medium, nodes, edges, torch.float32, "cuda", seed=4)
+        dst, src = graph(kind, nodes, edges, seed=4, device="cuda")
+        with tuning.sender_tiles(tiles), tuning.chunk_span(2):
+            got = cuda.conv_backward(medium, x, y, w, gz, dst, src, sort_edges(dst, src, nodes).transpose_perm)
+        want = reference.conv_backward(medium, x.double(), y.double(), w.double(), gz.double(), dst, src)
+        _collect(failures, zip(got, want), torch.float32, f"mace-medium span 2 tiles {tiles} {kind}")
+
+
+def _collect(failures: list, checks, dtype, what: str) -> None:
+    for n, (a, b) in enumerate(checks):
+        if rel_err(a, b) > TOL[dtype]:
+            failures.append(f"{dtype} {what} output {n}: {rel_err(a, b):.3g}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="a small compute-sanitizer case")
-    parser.add_argument("--only", choices=("first-order", "double", "all"), default="first-order",
+    parser.add_argument("--only", choices=("first-order", "double", "span", "all"), default="first-order",
                         help="first-order: forward and backward of every family (gpu_check.sh, as before); "
-                             "double: the conv's fused double backward (gpu_check_double.sh); all: both")
+                             "double: the conv's fused double backward (gpu_check_double.sh); span: the looped walks "
+                             "at several chunks per warp (gpu_check_span.sh); all: every one")
     only = parser.parse_args().only
     problem = random_uvu_problem(21, muls=(5, 33, 40))
     failures = []
+    if only in ("span", "all"):
+        span_checks(failures)
+    if only == "span":
+        return report(failures)
     if only in ("double", "all"):
         with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
             for dtype in (torch.float32, torch.float64):

@@ -96,7 +96,8 @@ def test_two_chunks_per_warp_share_the_edge_work():
     channels c32 .. c32 + 63, while the edge's CG coefficients and grad y's reduction appear once in the code, as
     with one chunk per warp."""
     problem = bench_problem_named("mace-medium")
-    one = module_for(problem, "float32", "backward", "det")
+    with tuning.chunk_span(1):
+        one = module_for(problem, "float32", "backward", "det")
     with tuning.chunk_span(2):
         two = module_for(problem, "float32", "backward", "det")
     assert one.spec.chunk_loops and one.spec.chunk_span == 1 and two.spec.chunk_span == 2
@@ -124,15 +125,40 @@ def test_one_chunk_per_warp_is_the_walk_as_before():
         assert tuning.chunk_span_for("forward", "float64", loops=True) == 4
 
 
-def test_span_takes_no_tiles():
-    """The tiled backward (codegen/tile_walk.py) loads one chunk of grad_z per warp: with two chunks per warp the
-    walk in sender order is generated."""
+def test_the_measured_rule():
+    """Two chunks per warp for the deterministic fp32 backward where the looped schedule keeps its phases
+    (mace-medium: 8 accumulators per lane at span 2, within the budget of 16); mace-large (9 per chunk: two phases at
+    span 2), fp64, the other directions, the atomic variant and the walks without loops keep one."""
+    specs = {name: bench_problem_named(name) for name in ("mace-medium", "mace-large", "nequip-benzene")}
+    gm = module_for(specs["mace-medium"], "float32", "backward", "det")
+    assert gm.spec.chunk_loops and gm.spec.chunk_span == 2 and gm.walk_plan.kernel.endswith("_s2_f32")
+    assert module_for(specs["mace-medium"], "float32", "backward", "atomic").spec.chunk_span == 1
+    assert module_for(specs["mace-large"], "float32", "backward", "det").spec.chunk_span == 1
+    for name, problem in specs.items():
+        for dtype in ("float32", "float64"):
+            for direction in ("forward", "backward", "double_forward", "double_backward"):
+                if (name, dtype, direction) != ("mace-medium", "float32", "backward"):
+                    assert module_for(problem, dtype, direction, "det").spec.chunk_span == 1, (name, dtype, direction)
+    assert module_for(specs["mace-medium"], "float32", "backward", "det", tabulated=True).spec.chunk_span == 1
+    with tuning.chunk_span(1):  # an override wins
+        assert module_for(specs["mace-medium"], "float32", "backward", "det").spec.chunk_span == 1
+
+
+@emulated
+def test_tiles_at_two_chunks_per_warp(emulator):
+    """The tiled backward (codegen/tile_walk.py) with two chunks per warp: a warp holds both chunks' grad_z rows;
+    against the reference on a hub graph whose senders split between blocks."""
     problem = bench_problem_named("mace-medium")
-    with tuning.sender_tiles(8):
-        assert module_for(problem, "float32", "backward", "det").spec.sender_tiles == 8
-        with tuning.chunk_span(2):
-            gm = module_for(problem, "float32", "backward", "det")
-    assert gm.spec.sender_tiles == 0 and gm.spec.chunk_span == 2
+    with tuning.sender_tiles(4), tuning.chunk_span(2):
+        gm = module_for(problem, "float32", "backward", "det")
+        assert gm.spec.sender_tiles == 4 and gm.spec.chunk_span == 2 and "G3_1_0" in gm.source
+        x, y, w, gz = inputs(problem, 7, 60, torch.float32, seed=8)
+        dst, src = graph("hub", 7, 60, seed=8)
+        _, tperm = edge_orders(sort_edges(dst, src, 7))
+        with use_executor(emulator), debug.poison(), tuning.edges_per_warp(9):
+            got = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm)
+    _close(got, reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src),
+           torch.float32, "tiles at span 2")
 
 
 @pytest.mark.parametrize("bad", [0, 5, -1, True, 2.0, "2", None])

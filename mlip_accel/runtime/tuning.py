@@ -410,7 +410,12 @@ def contract_once(enabled: bool = True):
 # backward's instructions on mace-medium (PTX, twenty-fourth session), which is bound by the instructions it issues
 # (benchmarks/sender_tiles_23rd.md). A span of 2 or 4 shares it between that many chunks. Empty: every walk one chunk
 # per warp until measured; $MLIP_ACCEL_CHUNK_SPAN=<n> sets every looped walk (an A/B).
-CHUNK_SPAN: dict[tuple[str, str], int] = {}
+# Measured on an H200 (benchmarks/chunk_span_24th.md, walk_ab.py --what span, L2 warm): mace-medium's fp32 backward at
+# two chunks per warp 0.948 / 0.972 (carbon-8k, two calls) and 0.970 / 0.909 (carbon-1k) of one chunk per warp, 128
+# registers and 16 warps per SM (bounded to 96 registers and 20 warps: 1.005, slower); four chunks 1.34-1.44; mace-large
+# (two phases at span 2, its 9 accumulators per chunk above the budget) 1.01; every fp64 walk 1.0-1.15. So the fp32
+# backward takes two where the schedule keeps its phases (:func:`_span_keeps_phases`), nothing else.
+CHUNK_SPAN: dict[tuple[str, str], int] = {("backward", "float32"): 2}
 _CHUNK_SPAN_OVERRIDE: list[int] = []
 
 
@@ -424,15 +429,33 @@ def _env_chunk_span() -> int | None:
     return check_span(int(value) if value.isdigit() else value, f"MLIP_ACCEL_CHUNK_SPAN={value!r}:")
 
 
-def chunk_span_for(direction: str, dtype: str, loops: bool) -> int:
+def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget: int | None = None,
+                   variant: str = "det") -> int:
     """The 32-channel chunks per warp of a walk (1 without chunk loops): a test or benchmark override, else
-    ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype), else 1."""
+    ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype) for a deterministic walk (the kind
+    measured) where ``problem``'s schedule at ``budget`` keeps as many phases as with one chunk per warp, else 1."""
     if not loops:
         return 1
     if _CHUNK_SPAN_OVERRIDE:
         return _CHUNK_SPAN_OVERRIDE[-1]
     env = _env_chunk_span()
-    return env if env is not None else CHUNK_SPAN.get((direction, dtype), 1)
+    if env is not None:
+        return env
+    span = CHUNK_SPAN.get((direction, dtype), 1)
+    if span == 1 or problem is None or budget is None or variant != "det":
+        return 1
+    side = "out" if direction in ("forward", "double_forward") else "in1"
+    return span if _span_keeps_phases(problem, side, budget, span) else 1
+
+
+@functools.lru_cache(maxsize=256)
+def _span_keeps_phases(problem, side: str, budget: int, span: int) -> bool:
+    """Whether the looped schedule of ``problem`` at ``span`` chunks per warp has as many phases as at one (more
+    phases walk the edges again, each with its own y, coefficients and grad-y reduction: what the span shares)."""
+    from ..codegen.schedule import build_schedule
+
+    phases = [len(build_schedule(problem, side, budget, one_chunk=True, span=n).phases) for n in (1, span)]
+    return phases[0] == phases[1]
 
 
 def chunk_span(span: int):
