@@ -29,9 +29,12 @@ if [[ ${TILES_TESTS:-0} == 1 ]]; then  # the tiles' GPU tests with two chunks pe
   MLIP_ACCEL_CHUNK_SPAN=2 gpu_tests nequip "${TESTS_TIMEOUT:-150}" tiles_s2 test_sender_tiles_gpu.py
 fi
 if [[ ${SANITIZER:-0} == 1 ]]; then  # compute-sanitizer memcheck and racecheck on the span walks (sanitizer_case.py)
-  for tool in memcheck racecheck; do
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" \
-      --error-exitcode 3 bash -c "py_nequip scripts/sanitizer_case.py --only span" >"$OUT/sanitizer_$tool.log" 2>&1
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
+    # python3 itself as the target (compute-sanitizer's child environment drops bash's exported functions: py_nequip)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=$MLIP_PYTHONPATH_NEQUIP${PYTHONPATH:+:$PYTHONPATH} \
+      timeout "${SANITIZER_TIMEOUT:-120}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      python3 scripts/sanitizer_case.py --only span $([[ $tool == racecheck ]] && echo --quick) \
+      >"$OUT/sanitizer_$tool.log" 2>&1
     stage "$tool (span)" $?
     tail -n 3 "$OUT/sanitizer_$tool.log"
   done

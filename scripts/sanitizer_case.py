@@ -41,16 +41,18 @@ def double_backward_checks(problem, dtype, failures: list) -> None:
                                     f"{edges} edges given {given} output {n}: {rel_err(a, b):.3g}")
 
 
-def span_checks(failures: list) -> None:
+def span_checks(failures: list, quick: bool = False) -> None:
     """The looped walks at two and three 32-channel chunks per warp (KernelSpec.chunk_span; the tiled backward at two
     too), every direction, det and atomic, on the issue's graphs: a problem whose irreps end in partial chunks, and
-    mace-medium's fp32 backward as the rule generates it (two chunks per warp)."""
+    mace-medium's fp32 backward as the rule generates it (two chunks per warp). ``quick`` (racecheck, ~10x slower
+    than memcheck): two chunks per warp and fp32 only."""
     from mlip_accel.runtime import tuning
     from mlip_accel.testing.conv_cases import bench_problem, bench_problem_specs
 
     graphs = (("hub", 13, 77), ("isolated", 12, 45), ("random", 10, 1), ("random", 6, 0))
     problem = random_uvu_problem(21, muls=(5, 33, 40, 70))
-    for span, (kind, nodes, edges), dtype in itertools.product((2, 3), graphs, (torch.float32, torch.float64)):
+    spans, dtypes = ((2,), (torch.float32,)) if quick else ((2, 3), (torch.float32, torch.float64))
+    for span, (kind, nodes, edges), dtype in itertools.product(spans, graphs, dtypes):
         x, y, w, gz = inputs(problem, nodes, edges, dtype, "cuda", seed=3)
         gg = incoming_gradients(x, y, w, (True, True, True), seed=3)
         dst, src = graph(kind, nodes, edges, seed=3, device="cuda")
@@ -87,11 +89,13 @@ def main() -> int:
                         help="first-order: forward and backward of every family (gpu_check.sh, as before); "
                              "double: the conv's fused double backward (gpu_check_double.sh); span: the looped walks "
                              "at several chunks per warp (gpu_check_span.sh); all: every one")
-    only = parser.parse_args().only
+    parser.add_argument("--quick", action="store_true", help="span: two chunks per warp and fp32 only (racecheck)")
+    args = parser.parse_args()
+    only = args.only
     problem = random_uvu_problem(21, muls=(5, 33, 40))
     failures = []
     if only in ("span", "all"):
-        span_checks(failures)
+        span_checks(failures, args.quick)
     if only == "span":
         return report(failures)
     if only in ("double", "all"):
