@@ -35,10 +35,8 @@ def double_backward_checks(problem, dtype, failures: list) -> None:
         want = double_backward_reference(problem, x, y, w, gz, gg, dst, src)
         for g in (sort_edges(dst, src, nodes), None):
             got = cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, *edge_orders(g))
-            for n, (a, b) in enumerate(zip(got, want)):
-                if rel_err(a, b) > TOL[dtype]:
-                    failures.append(f"{dtype} double backward {'det' if g is not None else 'atomic'} {kind} "
-                                    f"{edges} edges given {given} output {n}: {rel_err(a, b):.3g}")
+            _collect(failures, zip(got, want), dtype,
+                     f"double backward {'det' if g is not None else 'atomic'} {kind} {edges} edges given {given}")
 
 
 def span_checks(failures: list, quick: bool = False) -> None:
@@ -117,9 +115,7 @@ def main() -> int:
                 xe, gze = x[src].contiguous(), gz[dst].contiguous()
                 checks.append((cuda.tp_forward(problem, xe, y, w), reference.tp_forward(problem, xe, y, w)))
                 checks += zip(cuda.tp_backward(problem, xe, y, w, gze), reference.tp_backward(problem, xe, y, w, gze))
-                for n, (a, b) in enumerate(checks):
-                    if rel_err(a, b) > TOL[dtype]:
-                        failures.append(f"{dtype} {'det' if g is not None else 'atomic'} check {n}: {rel_err(a, b):.3g}")
+                _collect(failures, checks, dtype, "det" if g is not None else "atomic")
     return report(failures)
 
 

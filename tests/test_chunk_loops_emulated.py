@@ -1,7 +1,8 @@
 """Chunk loops (runtime.tuning.chunk_loops, codegen KernelSpec.chunk_loops: a phase's code generated once for all
 32-channel chunks, visited as blocks along y) run on the CPU through the emulator against the reference: every
 direction of the walk (batched TP, det and atomic convolution, the fused double backward), multiplicities off
-multiples of 32 and irreps of different chunk counts in one phase, fp64 and fp32."""
+multiples of 32 and irreps of different chunk counts in one phase, fp64 and fp32; one warp taking one, two, three or
+four chunks (KernelSpec.chunk_span: more in test_chunk_span_emulated.py)."""
 from __future__ import annotations
 
 import pytest
@@ -14,8 +15,9 @@ from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.graph import edge_orders, sort_edges
 from mlip_accel.runtime import backend as cuda
-from mlip_accel.runtime import debug
+from mlip_accel.runtime import debug, tuning
 from mlip_accel.runtime.executor import use_executor
+from mlip_accel.runtime.kernels import module_for
 
 pytestmark = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
 
@@ -43,15 +45,17 @@ def test_one_code_body_per_phase():
     assert "case 0: case 1: case 2:" in looped.source
 
 
+@pytest.mark.parametrize("span", [1, 2, 3, 4])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
-def test_conv_forward_backward_and_double_backward(looped, seed, deterministic):
-    problem = random_uvu_problem(seed)
+def test_conv_forward_backward_and_double_backward(looped, seed, deterministic, span):
+    problem = random_uvu_problem(seed)  # multiplicities 1 .. 70: one, two and three chunks, partial ones
     dtype = torch.float64
     x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
     dst, src = graph("hub", 9, 77, seed=seed)
     perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
-    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5):
+    with cuda.accumulator_budget(forward=8, backward=6), cuda.edges_per_warp(5), tuning.chunk_span(span):
+        assert module_for(problem, "float64", "backward", "det").spec.chunk_span == span
         _close((cuda.conv_forward(problem, x, y, w, dst, src, perm),),
                (reference.conv_forward(problem, x, y, w, dst, src),), dtype, "forward")
         _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
@@ -61,22 +65,24 @@ def test_conv_forward_backward_and_double_backward(looped, seed, deterministic):
                double_backward_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
 
 
-def test_tp_and_float32_and_default_budgets(looped):
-    problem = random_uvu_problem(4)
-    x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
-    gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
-    _close((cuda.tp_forward(problem, x, y, w),), (reference.tp_forward(problem, x, y, w),), torch.float32, "tp")
-    _close(cuda.tp_backward(problem, x, y, w, gz), reference.tp_backward(problem, x, y, w, gz), torch.float32,
-           "tp backward")
-    xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
-    dst, src = graph("isolated", 11, 70, seed=5)
-    g = sort_edges(dst, src, 11)
-    gg = incoming_gradients(xs, ys, ws, (True, False, True), 5)
-    _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
-           double_backward_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
-    _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
-           reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
-           torch.float32, "backward grad y")
+@pytest.mark.parametrize("span", [1, 2])
+def test_tp_and_float32_and_default_budgets(looped, span):
+    with tuning.chunk_span(span):
+        problem = random_uvu_problem(4)
+        x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
+        gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
+        _close((cuda.tp_forward(problem, x, y, w),), (reference.tp_forward(problem, x, y, w),), torch.float32, "tp")
+        _close(cuda.tp_backward(problem, x, y, w, gz), reference.tp_backward(problem, x, y, w, gz), torch.float32,
+               "tp backward")
+        xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
+        dst, src = graph("isolated", 11, 70, seed=5)
+        g = sort_edges(dst, src, 11)
+        gg = incoming_gradients(xs, ys, ws, (True, False, True), 5)
+        _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
+               double_backward_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
+        _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
+               reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
+               torch.float32, "backward grad y")
 
 
 def test_the_measured_rule_picks_chunk_loops_for_wide_inputs_only():

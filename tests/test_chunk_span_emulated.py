@@ -1,15 +1,15 @@
-"""Several 32-channel chunks per warp in the looped walks (codegen KernelSpec.chunk_span, runtime.tuning.chunk_span):
-on the CPU through the emulator against the reference in every direction (det and atomic convolution, batched TP, the
-fused double backward), multiplicities off multiples of 64 and irreps of different chunk counts in one phase; what the
-generated walk shares per edge, the switch's checks, and the walks without loops (unchanged by it)."""
+"""Several 32-channel chunks per warp in the looped walks (codegen KernelSpec.chunk_span, runtime.tuning.chunk_span)
+on the CPU: mace-medium's backward at two against the reference and the walk of one, the tiles at two, what the
+generated walk shares per edge, the measured rule, the switch's checks, and the walks without loops (unchanged by
+it). Every direction at spans 1-4 against the reference (det and atomic convolution, batched TP, the fused double
+backward, partial chunks): test_chunk_loops_emulated.py."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import cuda_emulator
-from kernel_cases import (TOL, bench_problem_named, double_backward_reference, graph, incoming_gradients, inputs,
-                          random_uvu_problem, rel_err)
+from kernel_cases import TOL, bench_problem_named, graph, inputs, random_uvu_problem, rel_err
 from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.codegen.tensor_product import check_span
@@ -28,48 +28,6 @@ def _close(got, want, dtype, what):
             assert a is None
             continue
         assert rel_err(a, b) <= TOL[dtype], f"{what} output {n}: {rel_err(a, b):.3g}"
-
-
-@emulated
-@pytest.mark.parametrize("span", [2, 3, 4])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "atomic"])
-def test_conv_every_direction_matches_the_reference(emulator, span, seed, deterministic):
-    problem = random_uvu_problem(seed)  # multiplicities 1 .. 70: one, two and three chunks, partial ones
-    dtype = torch.float64
-    x, y, w, gz = inputs(problem, 9, 77, dtype, seed=seed)
-    dst, src = graph("hub", 9, 77, seed=seed)
-    perm, tperm = edge_orders(sort_edges(dst, src, 9) if deterministic else None)
-    with use_executor(emulator), debug.poison(), cuda.chunk_loops(), tuning.chunk_span(span), \
-            cuda.accumulator_budget(forward=12, backward=10), cuda.edges_per_warp(5):
-        assert module_for(problem, "float64", "backward", "det").spec.chunk_span == span
-        _close((cuda.conv_forward(problem, x, y, w, dst, src, perm),),
-               (reference.conv_forward(problem, x, y, w, dst, src),), dtype, "forward")
-        _close(cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm),
-               reference.conv_backward(problem, x, y, w, gz, dst, src), dtype, "backward")
-        gg = incoming_gradients(x, y, w, (True, True, True), seed)
-        _close(cuda.conv_double_backward(problem, x, y, w, gz, *gg, dst, src, perm, tperm),
-               double_backward_reference(problem, x, y, w, gz, gg, dst, src), dtype, "double backward")
-
-
-@emulated
-def test_tp_float32_and_isolated_nodes(emulator):
-    problem = random_uvu_problem(4)
-    with use_executor(emulator), debug.poison(), cuda.chunk_loops(), tuning.chunk_span(2):
-        x, y, w, _ = inputs(problem, 37, 37, torch.float32, seed=4)
-        gz = torch.randn(37, problem.dim_out, dtype=torch.float32)
-        _close((cuda.tp_forward(problem, x, y, w),), (reference.tp_forward(problem, x, y, w),), torch.float32, "tp")
-        _close(cuda.tp_backward(problem, x, y, w, gz), reference.tp_backward(problem, x, y, w, gz), torch.float32,
-               "tp backward")
-        xs, ys, ws, gzs = inputs(problem, 11, 70, torch.float32, seed=5)
-        dst, src = graph("isolated", 11, 70, seed=5)
-        g = sort_edges(dst, src, 11)
-        gg = incoming_gradients(xs, ys, ws, (True, False, True), 5)
-        _close(cuda.conv_double_backward(problem, xs, ys, ws, gzs, *gg, dst, src, g.perm, g.transpose_perm),
-               double_backward_reference(problem, xs, ys, ws, gzs, gg, dst, src), torch.float32, "double backward")
-        _close(cuda.conv_backward(problem, xs, ys, ws, gzs, dst, src, g.transpose_perm, (False, True, False)),
-               reference.conv_backward(problem, xs, ys, ws, gzs, dst, src, None, (False, True, False)),
-               torch.float32, "backward grad y")
 
 
 @emulated

@@ -340,15 +340,21 @@ def grad_y_sum(mode: str):
 _SENDER_TILES_OVERRIDE: list[int] = []
 
 
+def _env_count(name: str, check) -> int | None:
+    """``$name`` as a whole number, returned by ``check(number, what)`` (which raises a ValueError starting with
+    ``what``, naming the variable, for a value it refuses: a non-number is passed on as text for it to refuse); None
+    when unset or blank."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    return check(int(value) if value.isdigit() else value, f"{name}={value!r}:")
+
+
 @functools.lru_cache(maxsize=None)
 def _env_sender_tiles() -> int | None:
     from ..codegen.tile_walk import check_senders
 
-    value = os.environ.get("MLIP_ACCEL_SENDER_TILES", "").strip()
-    if not value:
-        return None
-    number = int(value) if value.isdigit() else value
-    return check_senders(number, f"MLIP_ACCEL_SENDER_TILES={value!r}:")
+    return _env_count("MLIP_ACCEL_SENDER_TILES", check_senders)
 
 
 def sender_tiles_for(direction: str, variant: str = "det") -> int:
@@ -423,10 +429,7 @@ _CHUNK_SPAN_OVERRIDE: list[int] = []
 def _env_chunk_span() -> int | None:
     from ..codegen.tensor_product import check_span
 
-    value = os.environ.get("MLIP_ACCEL_CHUNK_SPAN", "").strip()
-    if not value:
-        return None
-    return check_span(int(value) if value.isdigit() else value, f"MLIP_ACCEL_CHUNK_SPAN={value!r}:")
+    return _env_count("MLIP_ACCEL_CHUNK_SPAN", check_span)
 
 
 def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget: int | None = None,
