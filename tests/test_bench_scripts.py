@@ -364,6 +364,7 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert "/s" not in seen[("span", "s1")]["backward"] and seen[("span", "s2")]["backward"].endswith("/s2")
     assert seen[("span", "s4")]["double_forward"].endswith("/s4") and modes[("span", "s2-force")] == "force"
     assert seen[("span", "s2-once-force")]["backward"].endswith("/c1/s2")
+    assert seen[("span", "s2-once")]["backward"].endswith("/c1/s2") and modes[("span", "s2-once")] == "rule"
 
 
 def test_sender_tiles_counts_distinct_rows_per_tile():
