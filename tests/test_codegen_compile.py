@@ -5,6 +5,7 @@ cache is bypassed (each case really compiles)."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -87,11 +88,17 @@ def compiled():
                     for arch in ARCHS:
                         jobs[(spec["name"], dtype, f"{direction}-det-{mode}", arch)] = _walk(gm, arch)
             # the options off by default: the backward over tiles of senders (where it applies: MACE's looped
-            # backward), the walks by sender contracting once (the double backward does by default)
-            for key, setting in (("tiles", lambda: tuning.sender_tiles(4)), ("once", lambda: tuning.contract_once())):
+            # backward), the walks by sender contracting once (the double backward does by default), three chunks per
+            # warp in the looped walks (partial blocks: 128 channels in blocks of 96) and tiles at two chunks per warp
+            options = {"tiles": (lambda: tuning.sender_tiles(4), lambda spec: spec.sender_tiles),
+                       "once": (tuning.contract_once, lambda spec: spec.contract_once),
+                       "span": (lambda: tuning.chunk_span(3), lambda spec: spec.chunk_span == 3),
+                       "tiles-span": (lambda: _both(tuning.sender_tiles(4), tuning.chunk_span(2)),
+                                      lambda spec: spec.sender_tiles and spec.chunk_span == 2)}
+            for key, (setting, applied) in options.items():
                 with setting():
                     gm = module_for(problem, dtype, "backward", "det")
-                if (gm.spec.sender_tiles if key == "tiles" else gm.spec.contract_once):
+                if applied(gm.spec):
                     for arch in ARCHS:
                         jobs[(spec["name"], dtype, f"backward-det-{key}", arch)] = _walk(gm, arch)
             sh = _harmonics_of(problem)
@@ -120,6 +127,12 @@ def compiled():
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = pool.map(_compile_programs, jobs.values(), chunksize=1)
         return dict(zip(jobs, results))
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 def _harmonics_of(problem):
@@ -196,10 +209,11 @@ def test_grad_y_sum_walks_compile(compiled, dtype, arch, mode):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("option", ["tiles", "once"])
+@pytest.mark.parametrize("option", ["tiles", "once", "span", "tiles-span"])
 def test_backward_options_compile(compiled, dtype, arch, option):
     """The backward's options off by default (KernelSpec.sender_tiles: shared-memory sort and accumulators, barriers;
-    KernelSpec.contract_once) for every bench problem they apply to (tiles: at least mace-medium)."""
+    KernelSpec.contract_once; KernelSpec.chunk_span at three, and two with tiles) for every bench problem they apply to
+    (at least mace-medium)."""
     cases = {k: v for k, v in compiled.items() if k[1:2] == (dtype,) and k[-2] == f"backward-det-{option}"
              and k[-1] == arch}
     assert any(k[0] == "mace-medium" for k in cases), sorted(cases)
