@@ -60,6 +60,16 @@ def assert_same_outputs(a, b, what: str, exact: bool = True) -> None:
             assert rel_err(u, v) <= 1e-13, f"{what} output {n}: {rel_err(u, v):.3g}"
 
 
+def assert_outputs_close(got, want, dtype, what: str) -> None:
+    """Each of the outputs ``got`` within the dtype's tolerance of the reference's ``want``; where the reference has
+    none (an output not asked for), None."""
+    for n, (a, b) in enumerate(zip(got, want)):
+        if b is None:
+            assert a is None, f"{what} output {n}: returned although not asked for"
+            continue
+        assert rel_err(a, b) <= TOL[dtype], f"{what} output {n}: {rel_err(a, b):.3g}"
+
+
 def assert_gradients_match_reference(problem, outs, tensors, dtype, what: str, backward: bool = False) -> None:
     """The gradient outputs of :func:`conv_all_directions`'s ``run()`` (``outs``) within the dtype's tolerance of
     the fp64 references: the fused double backward's four (``outs[4:]``), and with ``backward`` the backward's

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import cuda_emulator
-from kernel_cases import TOL, bench_problem_named, graph, inputs, random_uvu_problem, rel_err
+from kernel_cases import assert_outputs_close, bench_problem_named, graph, inputs, random_uvu_problem
 from mlip_accel import reference
 from mlip_accel.codegen import KernelSpec, generate
 from mlip_accel.codegen.tensor_product import check_span
@@ -20,14 +20,6 @@ from mlip_accel.runtime.executor import use_executor
 from mlip_accel.runtime.kernels import module_for
 
 emulated = pytest.mark.skipif(not cuda_emulator.available(), reason="no C++ compiler (g++) for the emulator")
-
-
-def _close(got, want, dtype, what):
-    for n, (a, b) in enumerate(zip(got, want)):
-        if b is None:
-            assert a is None
-            continue
-        assert rel_err(a, b) <= TOL[dtype], f"{what} output {n}: {rel_err(a, b):.3g}"
 
 
 @emulated
@@ -43,8 +35,8 @@ def test_mace_medium_backward_at_two_chunks_per_warp(emulator):
         for span in (1, 2):
             with tuning.chunk_span(span):
                 got[span] = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm)
-    _close(got[2], reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src),
-           torch.float32, "span 2")
+    want = reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src)
+    assert_outputs_close(got[2], want, torch.float32, "span 2")
     assert torch.equal(got[1][0], got[2][0])
     assert torch.equal(got[1][2], got[2][2])  # grad w: per edge and channel, nothing summed across chunks
 
@@ -115,8 +107,8 @@ def test_tiles_at_two_chunks_per_warp(emulator):
         _, tperm = edge_orders(sort_edges(dst, src, 7))
         with use_executor(emulator), debug.poison(), tuning.edges_per_warp(9):
             got = cuda.conv_backward(problem, x, y, w, gz, dst, src, tperm)
-    _close(got, reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src),
-           torch.float32, "tiles at span 2")
+    want = reference.conv_backward(problem, x.double(), y.double(), w.double(), gz.double(), dst, src)
+    assert_outputs_close(got, want, torch.float32, "tiles at span 2")
 
 
 @pytest.mark.parametrize("bad", [0, 5, -1, True, 2.0, "2", None])
