@@ -136,3 +136,17 @@ def test_the_environment_switch(monkeypatch, value, ok):
     finally:
         monkeypatch.delenv("MLIP_ACCEL_CHUNK_SPAN")
         tuning._env_chunk_span.cache_clear()
+
+
+def test_the_rule_never_hashes_the_problem_per_call(monkeypatch):
+    """module_for runs on every convolution call: the span rule's schedule comparison is cached by the problem's key
+    (runtime.kernels.problem_key, by identity), not by hashing the problem (microseconds: its CG nonzeros)."""
+    from mlip_accel.problem import TPProblem
+
+    problem = bench_problem_named("mace-medium")
+    assert module_for(problem, "float32", "backward", "det").spec.chunk_span == 2  # generated, rule cached
+
+    def refuse(self):
+        raise AssertionError("the problem was hashed on the per-call path")
+    monkeypatch.setattr(TPProblem, "__hash__", refuse)
+    assert module_for(problem, "float32", "backward", "det").spec.chunk_span == 2

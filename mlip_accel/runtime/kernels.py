@@ -35,8 +35,9 @@ def module_for(problem: TPProblem, dtype: str, direction: str, variant: str,
     step = register_step_applies(variant, tabulated)
     tiles = sender_tiles_for(direction, variant)
     once = contract_once_for(direction)
-    span = chunk_span_for(direction, dtype, loops, problem, budget, variant)
-    key = (problem_key(problem), dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
+    pkey = problem_key(problem)
+    span = chunk_span_for(direction, dtype, loops, problem, budget, variant, pkey)
+    key = (pkey, dtype, direction, variant, tuple(need) if direction != "forward" else None, budget,
            loops, tabulated, gz_e3nn, harmonics, split, hints, gy_sum, step, tiles, once, span,
            register_step_mode())  # compiled under it (runtime.occupancy): a module per setting
     gm = _MODULES.get(key)

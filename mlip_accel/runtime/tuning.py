@@ -433,10 +433,12 @@ def _env_chunk_span() -> int | None:
 
 
 def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget: int | None = None,
-                   variant: str = "det") -> int:
+                   variant: str = "det", key: str | None = None) -> int:
     """The 32-channel chunks per warp of a walk (1 without chunk loops): a test or benchmark override, else
     ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype) for a deterministic walk (the kind
-    measured) where ``problem``'s schedule at ``budget`` keeps as many phases as with one chunk per warp, else 1."""
+    measured) where ``problem``'s schedule at ``budget`` keeps as many phases as with one chunk per warp, else 1.
+    ``key``: the problem's content key (runtime.kernels.problem_key, cached by identity), so that the per-call path
+    never hashes the problem itself (microseconds: the paths' CG nonzeros)."""
     if not loops:
         return 1
     if _CHUNK_SPAN_OVERRIDE:
@@ -448,10 +450,16 @@ def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget
     if span == 1 or problem is None or budget is None or variant != "det":
         return 1
     side = "out" if direction in ("forward", "double_forward") else "in1"
-    return span if _span_keeps_phases(problem, side, budget, span) else 1
+    cache = (problem.key if key is None else key, side, budget, span)
+    keeps = _SPAN_KEEPS_PHASES.get(cache)
+    if keeps is None:
+        keeps = _SPAN_KEEPS_PHASES[cache] = _span_keeps_phases(problem, side, budget, span)
+    return span if keeps else 1
 
 
-@functools.lru_cache(maxsize=256)
+_SPAN_KEEPS_PHASES: dict[tuple, bool] = {}  # (problem key, side, budget, span) -> _span_keeps_phases
+
+
 def _span_keeps_phases(problem, side: str, budget: int, span: int) -> bool:
     """Whether the looped schedule of ``problem`` at ``span`` chunks per warp has as many phases as at one (more
     phases walk the edges again, each with its own y, coefficients and grad-y reduction: what the span shares)."""

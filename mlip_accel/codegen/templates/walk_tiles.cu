@@ -12,21 +12,20 @@ ${dims}
 #define POS_BITS 11
 #define OTHER_BITS 42
 
-// The backward by sender over tiles (codegen/tile_walk.py). Block `warp` owns positions [q0, q1) of the sender
-// order (`order`: CSR by `keys`, the senders), at most TILE_EDGES of them; its BLOCKS warps are the chunk loops'
-// y-blocks (warp `by` holds channels c32 .. c32 + 32 s - 1 of every irrep, s chunks per warp) over the same edges.
-// The block ranks its senders (0, 1, .. in the order), sorts its edges by (group of TILE_SENDERS consecutive ranks,
-// receiver, position) in shared memory and walks them in that order, so the edges of a group that gather one
-// receiver's grad_z row follow each other: the row is loaded into registers once for all of them. The group's
-// grad-x accumulators live in shared memory (`tile_acc`, one slot per lane and value: no two lanes share one) and are flushed when the group
+// The backward by sender over tiles (codegen/tile_walk.py). Block `warp` owns positions [q0, q1) of the sender order
+// (`order`: CSR by `keys`, the senders), at most TILE_EDGES of them; its BLOCKS warps are the chunk loops' y-blocks
+// (warp `by` holds channels c32 .. c32 + 32 s - 1 of every irrep, s chunks per warp) over the same edges. The block
+// ranks its senders (0, 1, .. in the order), sorts its edges by (group of TILE_SENDERS consecutive ranks, receiver,
+// position) in shared memory and walks them in that order, so the edges of a group that gather one receiver's grad_z
+// row follow each other: the row is loaded into registers once for all of them. The group's grad-x accumulators live in
+// shared memory (`tile_acc`, one slot per lane and value: no two lanes share one) and are flushed when the group
 // changes: the block's first sender (rank 0) may have started in an earlier block: it goes to fixup[warp], summed in
-// block order by the fixup kernel (templates/fixup.cu, one slot per block); every later sender is owned by this
-// block alone (plain store). grad w is written per edge; grad y per edge from each warp's reduce-scatter into
-// `gy_stack`, summed in warp order after each batch of 32 edges and written once (the stacked walk's sum). The
-// parameter list is written from the launch plan (codegen/tensor_product.walk_plan). Sort keys: group (11 bits, <
-// TILE_EDGES), receiver (42 bits: node rows beyond 2^42 cannot be allocated), position in the block (11 bits); unique,
-// so the order is fixed and the results bitwise reproducible (grad x sums in another order than the walk in sender
-// order: not its bits).
+// block order by the fixup kernel (templates/fixup.cu, one slot per block); every later sender is owned by this block
+// alone (plain store). grad w is written per edge; grad y per edge from each warp's reduce-scatter into `gy_stack`,
+// summed in warp order after each batch of 32 edges and written once (the stacked walk's sum). The parameter list is
+// written from the launch plan (codegen/tensor_product.walk_plan). Sort keys: group (11 bits, < TILE_EDGES), receiver
+// (42 bits: node rows beyond 2^42 cannot be allocated), position in the block (11 bits); unique, so the order is fixed
+// and the results bitwise reproducible (grad x sums in another order than the walk in sender order: not its bits).
 ${walk_bounds}
 extern "C" __global__ void MLA_WALK_BOUNDS(${block_threads}) ${kernel}(
     ${parameters})
