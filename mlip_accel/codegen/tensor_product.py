@@ -317,6 +317,15 @@ def check_span(span, what: str) -> int:
     return span
 
 
+def looped_lane(mul: int, chunk: int, span: int, blocks: int) -> tuple[str, str | None]:
+    """A looped walk's channel of this lane in chunk ``chunk`` (of ``span`` per warp) of an irrep of ``mul`` channels,
+    visited as ``blocks`` blocks along y from ``c32`` (the block's first channel), and the guard of lanes without one
+    (None: every block row has all of them)."""
+    full = mul % (WARP * span) == 0 and mul // (WARP * span) >= blocks
+    first = WARP * chunk  # the chunk's first channel after the block's first (c32)
+    return (f"c32 + {first} + lane" if first else "c32 + lane"), (None if full else f"lane < {mul - first} - c32")
+
+
 def check_harmonics(problem: TPProblem, harmonics: SHProblem | None) -> None:
     """ValueError where ``harmonics`` is given and is not ``problem``'s irreps_in2 (:func:`harmonics_mismatch`)."""
     reason = None if harmonics is None else harmonics_mismatch(problem, harmonics)
@@ -467,11 +476,7 @@ class _PhaseEmitter:
         if not self.spec.chunk_loops:
             u = f"{WARP * seg.chunk} + lane" if seg.chunk else "lane"
             return u, (f"lane < {seg.lanes}" if seg.lanes < WARP else None)
-        mul, span = self.acc_irreps[seg.irrep][0], self.spec.chunk_span
-        full = mul % (WARP * span) == 0 and mul // (WARP * span) >= self.blocks
-        first = WARP * seg.chunk  # the chunk's first channel after the block's first (c32)
-        return (f"c32 + {first} + lane" if first else "c32 + lane"), (
-            None if full else f"lane < {mul - first} - c32")
+        return looped_lane(self.acc_irreps[seg.irrep][0], seg.chunk, self.spec.chunk_span, self.blocks)
 
     def lane_setup(self, L: _Lines, seg) -> tuple[str, str | None]:
         u, ok = self.lane(seg)

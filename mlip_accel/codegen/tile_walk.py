@@ -94,16 +94,13 @@ def emitter_class(base):
                     L(f"T {', '.join(f'{self.g_name(i, c, k)} = T(0)' for k in range(2 * l3 + 1))};")
 
         def g_loads(self, L: Lines) -> None:
-            from .tensor_product import _guarded, _node_addr
+            from .tensor_product import _guarded, _node_addr, looped_lane
 
             L("const T* gr = gz + other * D_OUT;")
-            width = WARP * self.spec.chunk_span  # channels per warp
             for i in self.out_irreps():
                 mul3, l3, _ = self.p.irreps_out[i]
                 for c in self.out_chunks(i):
-                    first = WARP * c
-                    u = f"c32 + {first} + lane" if first else "c32 + lane"
-                    ok = None if mul3 % width == 0 and mul3 // width >= self.blocks else f"lane < {mul3 - first} - c32"
+                    u, ok = looped_lane(mul3, c, self.spec.chunk_span, self.blocks)
                     for k in range(2 * l3 + 1):
                         addr = _node_addr("gr", self.p.offsets_out[i], mul3, 2 * l3 + 1, u, k, self.gz_layout)
                         L(f"{self.g_name(i, c, k)} = {_guarded(ok, 'ld_keep(' + addr + ')')};")

@@ -414,8 +414,8 @@ def contract_once(enabled: bool = True):
 # chunk, so the per-edge work that does not depend on the channel (y's loads, the CG coefficients A, grad y's
 # contraction with C and its warp reduce-scatter, the edge loop) is done once per chunk: about 45 % of the looped
 # backward's instructions on mace-medium (PTX, twenty-fourth session), which is bound by the instructions it issues
-# (benchmarks/sender_tiles_23rd.md). A span of 2 or 4 shares it between that many chunks. Empty: every walk one chunk
-# per warp until measured; $MLIP_ACCEL_CHUNK_SPAN=<n> sets every looped walk (an A/B).
+# (benchmarks/sender_tiles_23rd.md). A span of 2 or 4 shares it between that many chunks. Walks not in the table take
+# one chunk per warp; $MLIP_ACCEL_CHUNK_SPAN=<n> sets every looped walk (an A/B).
 # Measured on an H200 (benchmarks/chunk_span_24th.md, walk_ab.py --what span, L2 warm): mace-medium's fp32 backward at
 # two chunks per warp 0.948 / 0.972 (carbon-8k, two calls) and 0.970 / 0.909 (carbon-1k) of one chunk per warp, 128
 # registers and 16 warps per SM (bounded to 96 registers and 20 warps: 1.005, slower); four chunks 1.34-1.44; mace-large
@@ -449,22 +449,24 @@ def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget
     span = CHUNK_SPAN.get((direction, dtype), 1)
     if span == 1 or problem is None or budget is None or variant != "det":
         return 1
-    side = "out" if direction in ("forward", "double_forward") else "in1"
-    cache = (problem.key if key is None else key, side, budget, span)
+    cache = (problem.key if key is None else key, direction, budget, span)
     keeps = _SPAN_KEEPS_PHASES.get(cache)
     if keeps is None:
-        keeps = _SPAN_KEEPS_PHASES[cache] = _span_keeps_phases(problem, side, budget, span)
+        keeps = _SPAN_KEEPS_PHASES[cache] = _span_keeps_phases(problem, direction, budget, span)
     return span if keeps else 1
 
 
-_SPAN_KEEPS_PHASES: dict[tuple, bool] = {}  # (problem key, side, budget, span) -> _span_keeps_phases
+_SPAN_KEEPS_PHASES: dict[tuple, bool] = {}  # (problem key, direction, budget, span) -> _span_keeps_phases
 
 
-def _span_keeps_phases(problem, side: str, budget: int, span: int) -> bool:
-    """Whether the looped schedule of ``problem`` at ``span`` chunks per warp has as many phases as at one (more
-    phases walk the edges again, each with its own y, coefficients and grad-y reduction: what the span shares)."""
+def _span_keeps_phases(problem, direction: str, budget: int, span: int) -> bool:
+    """Whether the looped schedule of ``problem``'s walk of ``direction`` at ``span`` chunks per warp has as many
+    phases as at one (more phases walk the edges again, each with its own y, coefficients and grad-y reduction: what
+    the span shares)."""
     from ..codegen.schedule import build_schedule
+    from ..codegen.tensor_product import SIDES
 
+    side = SIDES[direction]
     phases = [len(build_schedule(problem, side, budget, one_chunk=True, span=n).phases) for n in (1, span)]
     return phases[0] == phases[1]
 
