@@ -78,12 +78,15 @@ def test_one_chunk_per_warp_is_the_walk_as_before():
 def test_the_measured_rule():
     """Two chunks per warp for the deterministic fp32 backward where the looped schedule keeps its phases
     (mace-medium: 8 accumulators per lane at span 2, within the budget of 16); mace-large (9 per chunk: two phases at
-    span 2), fp64, the other directions, the atomic variant and the walks without loops keep one."""
+    span 2), fp64, the other directions and the walks without loops keep one. The atomic convolution's backward
+    follows the same rule (measured in the twenty-fifth session); the batched TP keeps one."""
     specs = {name: bench_problem_named(name) for name in ("mace-medium", "mace-large", "nequip-benzene")}
-    gm = module_for(specs["mace-medium"], "float32", "backward", "det")
-    assert gm.spec.chunk_loops and gm.spec.chunk_span == 2 and gm.walk_plan.kernel.endswith("_s2_f32")
-    assert module_for(specs["mace-medium"], "float32", "backward", "atomic").spec.chunk_span == 1
-    assert module_for(specs["mace-large"], "float32", "backward", "det").spec.chunk_span == 1
+    for variant in ("det", "atomic"):
+        gm = module_for(specs["mace-medium"], "float32", "backward", variant)
+        assert gm.spec.chunk_loops and gm.spec.chunk_span == 2 and gm.walk_plan.kernel.endswith("_s2_f32"), variant
+        assert module_for(specs["mace-large"], "float32", "backward", variant).spec.chunk_span == 1, variant
+        assert module_for(specs["mace-medium"], "float64", "backward", variant).spec.chunk_span == 1, variant
+    assert tuning.chunk_span_for("backward", "float32", True, specs["mace-medium"], 16, "tp") == 1
     for name, problem in specs.items():
         for dtype in ("float32", "float64"):
             for direction in ("forward", "backward", "double_forward", "double_backward"):

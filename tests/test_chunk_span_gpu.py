@@ -40,3 +40,26 @@ def test_spans_match_the_references(name, dtype, shape, span):
     assert rel_err(got[0], want) <= TOL[dtype], f"forward {rel_err(got[0], want):.3g}"
     assert_gradients_match_reference(problem, got, tensors, dtype, f"{name} span {span}", backward=True)
     assert rel_err(got[1], one[1]) <= CLOSE[dtype], "grad x against one chunk per warp"
+
+
+@pytest.mark.parametrize("order", ["given", "receiver", "sender"])
+@pytest.mark.parametrize("shape", GRAPH_SHAPES, ids=[f"{k}-{n}-{e}" for k, n, e in GRAPH_SHAPES])
+def test_atomic_backward_by_the_rule(shape, order):
+    """The atomic convolution's fp32 backward on mace-medium takes two chunks per warp by the rule: its outputs
+    (poisoned before launch) within tolerance of the fp64 references whatever the order of the edges (the walk
+    follows it: a run of one receiver adds grad x to a new sender at every edge, a run of one sender at its end),
+    and grad x that of one chunk per warp to rounding."""
+    problem = bench_problem_named("mace-medium")
+    kind, nodes, edges = shape
+    assert module_for(problem, "float32", "backward", "atomic").spec.chunk_span == 2
+    run, tensors = conv_all_directions(problem, nodes, edges, torch.float32, kind, 23, "cuda", deterministic=False)
+    x, y, w, gz, gg, dst, src = tensors
+    if order != "given":  # the edges (and their y, W) sorted: the walk's two extremes
+        p = torch.sort(dst if order == "receiver" else src, stable=True).indices
+        y.copy_(y[p]), w.copy_(w[p]), dst.copy_(dst[p]), src.copy_(src[p])
+    with debug.poison():
+        got = run()
+        with tuning.chunk_span(1):
+            one = run()
+    assert_gradients_match_reference(problem, got, tensors, torch.float32, f"atomic by {order}", backward=True)
+    assert rel_err(got[1], one[1]) <= CLOSE[torch.float32], "grad x against one chunk per warp"

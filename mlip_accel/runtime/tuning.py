@@ -421,7 +421,12 @@ def contract_once(enabled: bool = True):
 # registers and 16 warps per SM (bounded to 96 registers and 20 warps: 1.005, slower); four chunks 1.34-1.44; mace-large
 # (two phases at span 2, its 9 accumulators per chunk above the budget) 1.01; every fp64 walk 1.0-1.15. So the fp32
 # backward takes two where the schedule keeps its phases (:func:`_span_keeps_phases`), nothing else.
+# The atomic convolution's backward (twenty-fifth session, benchmarks/atomic_order_25th.md, ab_atomic_order.py): on
+# mace-medium fp32 two chunks per warp took 0.857 / 0.858 (edges by sender, carbon-8k / 1k) and 0.876 / 0.858 (by
+# receiver) of one chunk's time, so the rule covers both conv variants (mace-large, two phases at span 2, stays out: by
+# receiver there two chunks lost 4-5 %). The batched TP (variant "tp") was not measured and keeps one.
 CHUNK_SPAN: dict[tuple[str, str], int] = {("backward", "float32"): 2}
+SPAN_VARIANTS = ("det", "atomic")
 _CHUNK_SPAN_OVERRIDE: list[int] = []
 
 
@@ -435,8 +440,9 @@ def _env_chunk_span() -> int | None:
 def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget: int | None = None,
                    variant: str = "det", key: str | None = None) -> int:
     """The 32-channel chunks per warp of a walk (1 without chunk loops): a test or benchmark override, else
-    ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype) for a deterministic walk (the kind
-    measured) where ``problem``'s schedule at ``budget`` keeps as many phases as with one chunk per warp, else 1.
+    ``$MLIP_ACCEL_CHUNK_SPAN``, else :data:`CHUNK_SPAN` by (direction, dtype) for a convolution's walk
+    (:data:`SPAN_VARIANTS`, the kinds measured) where ``problem``'s schedule at ``budget`` keeps as many phases as
+    with one chunk per warp, else 1.
     ``key``: the problem's content key (runtime.kernels.problem_key, cached by identity), so that the per-call path
     never hashes the problem itself (microseconds: the paths' CG nonzeros)."""
     if not loops:
@@ -447,7 +453,7 @@ def chunk_span_for(direction: str, dtype: str, loops: bool, problem=None, budget
     if env is not None:
         return env
     span = CHUNK_SPAN.get((direction, dtype), 1)
-    if span == 1 or problem is None or budget is None or variant != "det":
+    if span == 1 or problem is None or budget is None or variant not in SPAN_VARIANTS:
         return 1
     cache = (problem.key if key is None else key, direction, budget, span)
     keeps = _SPAN_KEEPS_PHASES.get(cache)
