@@ -9,13 +9,14 @@ summed by y-blocks stacked in one block and in place by one launch per y-block (
 KernelSpec.grad_y_sum), or the backward by sender in order against over tiles of senders (``--what tiles``:
 KernelSpec.sender_tiles; tile_blocks sizes its blocks), or the walks by sender contracting A with grad_z twice
 against once (``--what contract``: KernelSpec.contract_once), or the looped walks with one 32-channel chunk per warp
-against two or four (``--what span``: KernelSpec.chunk_span). For each problem and dtype, on a random graph of
+against two or four (``--what span``: KernelSpec.chunk_span), or the walks launched with at most 12 / 8 / 6 / 4
+resident warps per SM against uncapped (``--what cap``: runtime.tuning.walk_warps_cap). For each problem and dtype, on a random graph of
 carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
 list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
 setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
 with the first setting's (outputs above 16 M elements: every n-th element of them).
 
-    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract|span]
+    python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract|span|cap]
                                [--problems nequip-benzene,mace-large] [--dtypes float32,float64]
                                [--graph random|carbon-1k|carbon-8k] [--rounds 5]
                                [--limit-kb 200] [--flush] [--forward-epw 40,80] [--backward-epw 64] [--out DIR]
@@ -93,6 +94,10 @@ def settings(what: str, limit: int) -> dict:
                 "s2-nohints": lambda: _both(tuning.chunk_span(2), tuning.prefetch("")),
                 "t8": lambda: _both(tuning.chunk_span(1), tuning.sender_tiles(8)),
                 "t8-s2": lambda: _both(tuning.chunk_span(2), tuning.sender_tiles(8))}
+    if what == "cap":  # the walks launched with at most n resident warps per SM (runtime.tuning.walk_warps_cap:
+        # unused dynamic shared memory; a cap above a walk's register-bound occupancy changes nothing)
+        return {"none": lambda: tuning.walk_warps_cap(0),
+                **{f"w{n}": (lambda n=n: tuning.walk_warps_cap(n)) for n in (12, 8, 6, 4)}}
     if what == "loops":  # the chunk-loops rule against every walk unrolled / every walk looped
         return {"rule": contextlib.nullcontext, "unrolled": lambda: tuning.chunk_loops(False),
                 "looped": lambda: tuning.chunk_loops(True)}
@@ -196,7 +201,7 @@ def flat(outs) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--what", default="split", choices=("split", "occupancy", "prefetch", "loops", "gz", "gysum",
-                                                             "tiles", "contract", "span"))
+                                                             "tiles", "contract", "span", "cap"))
     parser.add_argument("--problems", default="nequip-benzene,mace-large")
     parser.add_argument("--dtypes", default="float32,float64")
     parser.add_argument("--graph", default="random", help="random (--nodes, --edges) or a bench_graphs name")

@@ -26,6 +26,7 @@ import threading
 import torch
 
 from . import compiler
+from .tuning import walk_warps_cap_for
 
 
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int}
@@ -164,16 +165,44 @@ def function_attributes(func: int) -> dict[str, int]:
     return {name: driver.funcGetAttribute(code, func) for name, code in FUNCTION_ATTRIBUTES.items()}
 
 
-def launch_function(func: int, grid, block, params, index: int) -> None:
+def launch_function(func: int, grid, block, params, index: int, shared: int = 0) -> None:
     """Launch a function loaded by :func:`load_functions` for cuda:``index`` on that device's current torch
-    stream; ``params`` is a ctypes array of pointers to the arguments. The caller's current device is left
-    as it was."""
+    stream; ``params`` is a ctypes array of pointers to the arguments, ``shared`` the block's dynamic shared memory
+    (bytes). The caller's current device is left as it was."""
     driver, _ = _driver_api()
     with torch.cuda.device(index):
         CONTEXTS.make_current(index)
         stream = torch.cuda.current_stream(index).cuda_stream
-        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
+        driver.launchKernel(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream,
                             ctypes.addressof(params), 0)
+
+
+RESERVED_SHARED_PER_BLOCK = 1024  # the driver's own shared memory per block (sm_80 and later)
+MAX_DYNAMIC_SHARED_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+_CAP_SHARED: dict[tuple[int, int, int], int] = {}
+
+
+def cap_shared_bytes(func: int, block_threads: int, warps: int, index: int) -> int:
+    """Dynamic shared memory (unused) that leaves room for at most ``warps // (block_threads / 32)`` blocks of
+    ``func`` on one SM of cuda:``index`` (runtime.tuning.walk_warps_cap: an occupancy cap); 0 where that many blocks
+    or more do not fit anyway (registers). The driver then takes a larger shared-memory carveout, so L1 shrinks with
+    it (a confound of the experiment, noted where it is measured)."""
+    from .occupancy import blocks_per_sm
+
+    key = (func, warps, index)
+    shared = _CAP_SHARED.get(key)
+    if shared is None:
+        driver, _ = _driver_api()
+        blocks = max(1, warps // max(1, block_threads // 32))
+        per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
+        static = driver.funcGetAttribute(FUNCTION_ATTRIBUTES["shared"], func)
+        registers = driver.funcGetAttribute(FUNCTION_ATTRIBUTES["regs"], func)
+        binds = blocks < blocks_per_sm(registers, block_threads)
+        shared = max(0, per_sm // blocks - static - RESERVED_SHARED_PER_BLOCK) if binds else 0
+        if shared > 48 * 1024:  # above the default limit a launch needs the function's opt-in
+            driver.funcSetAttribute(func, MAX_DYNAMIC_SHARED_ATTRIBUTE, shared)
+        _CAP_SHARED[key] = shared
+    return shared
 
 
 class CudaExecutor:
@@ -230,7 +259,9 @@ class CudaExecutor:
         if func is None:
             func = self.function(program, plan.kernel, device)
         _keep, params = _c_params(plan, args)
-        launch_function(func, grid, block, params, index)
+        cap = walk_warps_cap_for(plan)
+        launch_function(func, grid, block, params, index,
+                        cap_shared_bytes(func, block[0] * block[1] * block[2], cap, index) if cap else 0)
 
 
 _CUDA: CudaExecutor | None = None

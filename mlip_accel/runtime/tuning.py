@@ -600,3 +600,44 @@ def scalar_overrides() -> dict:
     if _TILE_BLOCKS_OVERRIDE:
         out["tile_blocks"] = _TILE_BLOCKS_OVERRIDE[-1]
     return out
+
+
+# Resident warps per SM of the convolution walks capped at launch (an experiment, off by default): the walks by
+# sender gather node rows through L2 and were slower wherever more warps were in flight (one contraction at 80
+# registers, twenty-third session; two chunks per warp bounded to 96, twenty-fourth). A cap of n warps gives each
+# block of a walk dynamic shared memory it does not use, sized so that only n // (warps per block) blocks fit on an
+# SM (runtime.executor.cap_shared_bytes); the code and its results are unchanged. 0: no cap.
+# $MLIP_ACCEL_WALK_WARPS_PER_SM=<n> sets it for every walk (an A/B).
+MAX_WARPS_PER_SM = 64
+_WALK_WARPS_OVERRIDE: list[int] = []
+
+
+def check_warps_cap(warps, what: str) -> int:
+    """``warps`` if it is a cap of resident warps per SM (0: none, else 1 .. MAX_WARPS_PER_SM), else a ValueError
+    starting with ``what``."""
+    if isinstance(warps, bool) or not isinstance(warps, int) or not 0 <= warps <= MAX_WARPS_PER_SM:
+        raise ValueError(f"{what} must be a whole number of warps per SM from 0 (no cap) to {MAX_WARPS_PER_SM}, "
+                         f"got {warps!r}")
+    return warps
+
+
+@functools.lru_cache(maxsize=None)
+def _env_walk_warps() -> int | None:
+    return _env_count("MLIP_ACCEL_WALK_WARPS_PER_SM", check_warps_cap)
+
+
+def walk_warps_cap(warps: int):
+    """Launch the convolution walks with at most ``warps`` resident warps per SM inside the block (0: no cap)."""
+    return _pushed(_WALK_WARPS_OVERRIDE, check_warps_cap(warps, "warps per SM"))
+
+
+def walk_warps_cap_for(plan) -> int:
+    """The cap of resident warps per SM of a launch of ``plan`` (0: none): a test or benchmark override, else
+    ``$MLIP_ACCEL_WALK_WARPS_PER_SM``, else 0; only the tensor-product family's walks (not their fixups) take one."""
+    if _WALK_WARPS_OVERRIDE:
+        cap = _WALK_WARPS_OVERRIDE[-1]
+    else:
+        cap = _env_walk_warps() or 0
+    if not cap or plan.family != "tensor_product" or "accumulators_per_lane" not in dict(plan.tuning):
+        return 0
+    return cap
