@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 
 import torch
 
 from . import compiler
-from .tuning import walk_warps_cap_for
+from .tuning import WALK_WARPS_OVERRIDE, walk_warps_cap_for
 
 
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int}
@@ -177,6 +178,7 @@ def launch_function(func: int, grid, block, params, index: int, shared: int = 0)
                             ctypes.addressof(params), 0)
 
 
+_CAP_ENV = bool(os.environ.get("MLIP_ACCEL_WALK_WARPS_PER_SM", "").strip())  # read when the executor is imported
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver's own shared memory per block (sm_80 and later)
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _CAP_SHARED: dict[tuple[int, int, int], int] = {}
@@ -259,7 +261,9 @@ class CudaExecutor:
         if func is None:
             func = self.function(program, plan.kernel, device)
         _keep, params = _c_params(plan, args)
-        cap = walk_warps_cap_for(plan)
+        # the occupancy cap (an experiment, off by default): looked up only when asked for, per launch it costs two
+        # truth tests
+        cap = walk_warps_cap_for(plan) if WALK_WARPS_OVERRIDE or _CAP_ENV else 0
         launch_function(func, grid, block, params, index,
                         cap_shared_bytes(func, block[0] * block[1] * block[2], cap, index) if cap else 0)
 

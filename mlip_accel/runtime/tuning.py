@@ -609,7 +609,7 @@ def scalar_overrides() -> dict:
 # SM (runtime.executor.cap_shared_bytes); the code and its results are unchanged. 0: no cap.
 # $MLIP_ACCEL_WALK_WARPS_PER_SM=<n> sets it for every walk (an A/B).
 MAX_WARPS_PER_SM = 64
-_WALK_WARPS_OVERRIDE: list[int] = []
+WALK_WARPS_OVERRIDE: list[int] = []  # public: the executor tests it before each launch (a cheap "is any cap asked")
 
 
 def check_warps_cap(warps, what: str) -> int:
@@ -628,14 +628,14 @@ def _env_walk_warps() -> int | None:
 
 def walk_warps_cap(warps: int):
     """Launch the convolution walks with at most ``warps`` resident warps per SM inside the block (0: no cap)."""
-    return _pushed(_WALK_WARPS_OVERRIDE, check_warps_cap(warps, "warps per SM"))
+    return _pushed(WALK_WARPS_OVERRIDE, check_warps_cap(warps, "warps per SM"))
 
 
 def walk_warps_cap_for(plan) -> int:
     """The cap of resident warps per SM of a launch of ``plan`` (0: none): a test or benchmark override, else
     ``$MLIP_ACCEL_WALK_WARPS_PER_SM``, else 0; only the tensor-product family's walks (not their fixups) take one."""
-    if _WALK_WARPS_OVERRIDE:
-        cap = _WALK_WARPS_OVERRIDE[-1]
+    if WALK_WARPS_OVERRIDE:
+        cap = WALK_WARPS_OVERRIDE[-1]
     else:
         cap = _env_walk_warps() or 0
     if not cap or plan.family != "tensor_product" or "accumulators_per_lane" not in dict(plan.tuning):
