@@ -365,6 +365,45 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
     assert seen[("span", "s4")]["double_forward"].endswith("/s4") and modes[("span", "s2-force")] == "force"
     assert seen[("span", "s2-once-force")]["backward"].endswith("/c1/s2")
     assert seen[("span", "s2-once")]["backward"].endswith("/c1/s2") and modes[("span", "s2-once")] == "rule"
+    # the occupancy cap changes the launch, not the source
+    walk = module_for(problem, "float32", "backward", "det").walk_plan
+    caps = {}
+    for label, setting in walk_ab.settings("cap", 1).items():
+        with setting():
+            caps[label] = (walk_ab.describe(problem, "float32"), tuning.walk_warps_cap_for(walk))
+    assert {label: cap for label, (_, cap) in caps.items()} == {"none": 0, "w12": 12, "w8": 8, "w6": 6, "w4": 4}
+    assert len({str(generated) for generated, _ in caps.values()}) == 1
+
+
+def test_ab_atomic_order_permutes_and_maps_back(monkeypatch):
+    """ab_atomic_order.py on the reference backend (no GPU; its timer replaced): the orders are sorts by receiver and
+    by sender, and every atomic setting's grad y and grad W mapped back to the given order match the deterministic
+    ones."""
+    import ab_atomic_order
+    from kernel_cases import bench_problem_named
+    from mlip_accel.graph import sort_edges
+
+    dst, src = torch.tensor([2, 0, 1, 0, 2]), torch.tensor([0, 2, 2, 1, 1])
+    assert torch.equal(dst[ab_atomic_order.permutation("by-receiver", dst, src)], torch.sort(dst).values)
+    assert torch.equal(src[ab_atomic_order.permutation("by-sender", dst, src)], torch.sort(src).values)
+
+    def case(problem, dtype, nodes, edges):
+        g = torch.Generator().manual_seed(3)
+        rnd = lambda *shape: torch.randn(*shape, dtype=dtype, generator=g)  # noqa: E731
+        d, s = torch.randint(0, 12, (40,), generator=g), torch.randint(0, 12, (40,), generator=g)
+        return (rnd(12, problem.dim_in1), rnd(40, problem.dim_in2), rnd(40, problem.weight_numel),
+                rnd(12, problem.dim_out), d, s, sort_edges(d, s, 12))
+
+    class Timed:
+        median_ms = 1.0
+
+    monkeypatch.setattr(ab_atomic_order, "random_case", case)
+    monkeypatch.setattr(ab_atomic_order, "time_cuda", lambda fn, flusher, policy: (fn(), Timed)[1])
+    row = ab_atomic_order.measure(bench_problem_named("mace-medium"), torch.float64, "random", 1, 1, None,
+                                  "reference", [1, 2])
+    assert set(row["max_rel_diff"]) == {"by-receiver-s1", "by-receiver-s2", "by-sender-s1", "by-sender-s2"}
+    assert all(v <= 1e-12 for d in row["max_rel_diff"].values() for v in d.values())
+    assert row["bwd_by-sender-s2_ratio"] == 1.0 and row["fwd_det_ms"] == 1.0
 
 
 def test_sender_tiles_counts_distinct_rows_per_tile():
