@@ -66,8 +66,12 @@ def measure(problem, dtype, graph: str, rounds: int, reps: int, flusher, backend
                                                              src[p].contiguous())
         for span in spans:
             label = order if len(spans) == 1 else f"{order}-s{span}"
-            fwd = lambda yp=yp, wp=wp, dp=dp, sp=sp: ops.conv_forward(x, yp, wp, dp, sp, *none, key, backend)  # noqa: E731
-            bwd = lambda yp=yp, wp=wp, dp=dp, sp=sp: ops.conv_backward(x, yp, wp, gz, dp, sp, *none, key, backend)  # noqa: E731
+            def fwd(yp=yp, wp=wp, dp=dp, sp=sp):
+                return ops.conv_forward(x, yp, wp, dp, sp, *none, key, backend)
+
+            def bwd(yp=yp, wp=wp, dp=dp, sp=sp):
+                return ops.conv_backward(x, yp, wp, gz, dp, sp, *none, key, backend)
+
             fns[label] = {"fwd": spanned(fwd, span), "bwd": spanned(bwd, span)}
             gx, gy, gw = fns[label]["bwd"]()
             if p is not None:  # grad y and grad W back to the given edge order

@@ -10,11 +10,11 @@ KernelSpec.grad_y_sum), or the backward by sender in order against over tiles of
 KernelSpec.sender_tiles; tile_blocks sizes its blocks), or the walks by sender contracting A with grad_z twice
 against once (``--what contract``: KernelSpec.contract_once), or the looped walks with one 32-channel chunk per warp
 against two or four (``--what span``: KernelSpec.chunk_span), or the walks launched with at most 12 / 8 / 6 / 4
-resident warps per SM against uncapped (``--what cap``: runtime.tuning.walk_warps_cap). For each problem and dtype, on a random graph of
-carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``: a real neighbour
-list's locality), the deterministic convolution's forward, backward and fused double backward are timed under each
-setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are compared bitwise
-with the first setting's (outputs above 16 M elements: every n-th element of them).
+resident warps per SM against uncapped (``--what cap``: runtime.tuning.walk_warps_cap). For each problem and dtype,
+on a random graph of carbon-1k's size (1000 nodes, 158,000 edges) or a graph of bench_graphs (``--graph carbon-1k``:
+a real neighbour list's locality), the deterministic convolution's forward, backward and fused double backward are
+timed under each setting in turn, A, B, A, B, ... so drifts of clocks and temperature fall on all; the outputs are
+compared bitwise with the first setting's (outputs above 16 M elements: every n-th element of them).
 
     python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract|span|cap]
                                [--problems nequip-benzene,mace-large] [--dtypes float32,float64]

@@ -607,7 +607,10 @@ def scalar_overrides() -> dict:
 # registers, twenty-third session; two chunks per warp bounded to 96, twenty-fourth). A cap of n warps gives each
 # block of a walk dynamic shared memory it does not use, sized so that only n // (warps per block) blocks fit on an
 # SM (runtime.executor.cap_shared_bytes); the code and its results are unchanged. 0: no cap.
-# $MLIP_ACCEL_WALK_WARPS_PER_SM=<n> sets it for every walk (an A/B).
+# Measured on an H200 (twenty-fifth session, benchmarks/atomic_order_25th.md, walk_ab.py --what cap): every cap slower,
+# the backward 1.04-1.16x at 12 warps per SM and 1.16-1.48x at 8 (MACE and NequIP problems, carbon-1k and 8k): the
+# walks need the warps their registers allow to cover their gathers. So none by default;
+# $MLIP_ACCEL_WALK_WARPS_PER_SM=<n> sets it for every walk (an A/B, e.g. on a GPU with another L2).
 MAX_WARPS_PER_SM = 64
 WALK_WARPS_OVERRIDE: list[int] = []  # public: the executor tests it before each launch (a cheap "is any cap asked")
 
