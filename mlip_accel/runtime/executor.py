@@ -27,7 +27,7 @@ import threading
 import torch
 
 from . import compiler
-from .tuning import WALK_WARPS_OVERRIDE, walk_warps_cap_for
+from .tuning import WALK_WARPS_ENV, WALK_WARPS_OVERRIDE, walk_warps_cap_for
 
 
 _SCALARS = {"long long": ctypes.c_longlong, "int": ctypes.c_int}
@@ -178,7 +178,7 @@ def launch_function(func: int, grid, block, params, index: int, shared: int = 0)
                             ctypes.addressof(params), 0)
 
 
-_CAP_ENV = bool(os.environ.get("MLIP_ACCEL_WALK_WARPS_PER_SM", "").strip())  # read when the executor is imported
+_CAP_ENV = bool(os.environ.get(WALK_WARPS_ENV, "").strip())  # set at all (read when the executor is imported)
 RESERVED_SHARED_PER_BLOCK = 1024  # the driver's own shared memory per block (sm_80 and later)
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 _CAP_SHARED: dict[tuple[int, int, int], int] = {}

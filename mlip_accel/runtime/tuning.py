@@ -612,6 +612,7 @@ def scalar_overrides() -> dict:
 # walks need the warps their registers allow to cover their gathers. So none by default;
 # $MLIP_ACCEL_WALK_WARPS_PER_SM=<n> sets it for every walk (an A/B, e.g. on a GPU with another L2).
 MAX_WARPS_PER_SM = 64
+WALK_WARPS_ENV = "MLIP_ACCEL_WALK_WARPS_PER_SM"  # read here (parsed) and by the executor (whether it is set at all)
 WALK_WARPS_OVERRIDE: list[int] = []  # public: the executor tests it before each launch (a cheap "is any cap asked")
 
 
@@ -626,7 +627,7 @@ def check_warps_cap(warps, what: str) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _env_walk_warps() -> int | None:
-    return _env_count("MLIP_ACCEL_WALK_WARPS_PER_SM", check_warps_cap)
+    return _env_count(WALK_WARPS_ENV, check_warps_cap)
 
 
 def walk_warps_cap(warps: int):
