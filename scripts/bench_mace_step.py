@@ -46,6 +46,8 @@ from mlip_accel.problem.e3nn_compat import default_dtype  # noqa: E402
 from mlip_accel.testing import DTYPES as _DTYPE_MAP, dtype_of  # noqa: E402
 from mlip_accel.testing.timing import synchronize, wall_times  # noqa: E402
 
+import bench_md  # noqa: E402  (the models, the structures and the training loss)
+
 IMPLS = ("mlip_accel", "cueq", "e3nn")  # mlip_accel first: its numbers land before a slow peer uses the budget
 LABELS = {"e3nn": "e3nn", "cueq": "cuEquivariance", "mlip_accel": "mlip_accel"}
 MODES = ("md", "stress", "train")  # stress: energy + forces + stress, as MACE's ASE calculator and TorchSim call it
@@ -71,13 +73,6 @@ def build_tiny_mace(dtype: torch.dtype):
             atomic_inter_scale=1.0, atomic_inter_shift=0.0).eval()
 
 
-def _loss_targets(data: dict, dtype: torch.dtype, atoms: int):
-    g = torch.Generator().manual_seed(1)
-    forces = 0.1 * torch.randn(atoms, 3, generator=g, dtype=torch.float64)
-    return torch.tensor(-7.0 * atoms, dtype=dtype, device=data["positions"].device), \
-        forces.to(dtype=dtype, device=data["positions"].device)
-
-
 def make_step(model, data: dict, mode: str, targets):
     """A no-argument callable running one step of ``mode``; it keeps its last outputs in ``step.last``."""
     params = [p for p in model.parameters()]
@@ -95,8 +90,7 @@ def make_step(model, data: dict, mode: str, targets):
         for p in params:
             p.grad = None
         out = model(dict(data), compute_stress=False, training=True)
-        e0, f0 = targets
-        loss = (out["energy"].sum() - e0).square() + (out["forces"] - f0).square().mean()
+        loss = bench_md.force_training_loss(out["energy"], out["forces"], targets)
         loss.backward()
         train.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach(), "loss": loss.detach()}
 
@@ -216,7 +210,6 @@ def _grads(model) -> dict:
 
 
 def run(args) -> dict:
-    import bench_md
     from bench_graphs import build_graph
     from bench_peers import versions
 
@@ -262,7 +255,8 @@ def run(args) -> dict:
                         continue
                     slow = impl == "e3nn" and not args.tiny  # e3nn at 8000 atoms: ~0.5 s (md) to seconds (train)
                     try:
-                        step = make_step(potential.model, data, mode, _loss_targets(data, dtype, atoms))
+                        step = make_step(potential.model, data, mode,
+                                         bench_md.loss_targets(atoms, dtype, data["positions"].device))
                         result = time_case(step, device, 0.0 if slow else min_seconds, 1 if slow else max_reps,
                                            1 if slow or args.tiny else 2)
                         case.update(status="ok", **result)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""MD step benchmark: time of one energy + forces evaluation of a whole model, e3nn vs cuEquivariance vs
-OpenEquivariance vs mlip_accel, on diamond carbon (64 to 10648 atoms, 6 A cutoff) and a 32-atom molecule,
-fp32 and fp64, with peak GPU memory and each implementation's force error against e3nn.
+"""MD step and force-training step benchmark: time of one energy + forces evaluation of a whole model (``--mode
+md``) or of one force-training step (``--mode train``), e3nn vs cuEquivariance vs OpenEquivariance vs mlip_accel,
+on diamond carbon (64 to 10648 atoms, 6 A cutoff) and a 32-atom molecule, fp32 and fp64, with peak GPU memory and
+each implementation's errors against e3nn.
 
 Models (random weights, seeded; the kernels' work does not depend on the values):
 - MACE: ScaleShiftMACE the size of MACE-MP-0 medium: 128x0e+128x1o hidden, max_ell 3, correlation 3,
@@ -11,8 +12,13 @@ Models (random weights, seeded; the kernels' work does not depend on the values)
   cuEquivariance and OpenEquivariance through nequip's modifiers enable_CuEquivariance / enable_OpenEquivariance;
 - mlip_accel: ``mlip_accel.accelerate(model, backend="cuda")`` (deterministic, CSR sorted once per call).
 
-A step is what the ASE calculator runs per MD step minus the neighbour list: the model's forward pass and
+An MD step is what the ASE calculator runs per MD step minus the neighbour list: the model's forward pass and
 its autograd forces on a prebuilt graph (scripts/bench_graphs.py), inputs already on the GPU, synchronised.
+A training step is what nequip-train and MACE's trainer run per batch of one structure: the model in training
+mode with trainable parameters, energy and forces (the forces' graph kept), the loss
+``(E - E0)^2 + mean(|F - F0|^2)`` against fixed targets, ``loss.backward()`` to the parameters (the convolutions'
+double backward), gradients set to None first; errors of the loss and, where the parameter names match, of the
+parameter gradients against e3nn's in the same run.
 
 MACE (e3nn 0.4.4) and NequIP (e3nn 0.6) need different environments, so each framework writes its own part
 and ``--merge`` joins them (on the GPU machine, after ``source scripts/device_env.sh``):
@@ -20,6 +26,9 @@ and ``--merge`` joins them (on the GPU machine, after ``source scripts/device_en
     py_mace   scripts/bench_md.py --framework mace   [--quick]   # -> $OUT or benchmarks/bench_md.mace.json
     py_nequip scripts/bench_md.py --framework nequip [--quick]
     python    scripts/bench_md.py --merge        # -> benchmarks/bench_md.{json,md,png} + README summary
+
+``--mode train`` does the same for the training step: parts ``bench_md_train.<framework>.json``, report
+``bench_md_train.{json,md,png}`` and the README's ``bench_md_train`` summary (``--merge --mode train``).
 
 ``--profile`` adds a torch.profiler table (top CUDA kernels) of one carbon-1k fp32 step per implementation.
 """
@@ -54,7 +63,13 @@ MOLECULE = "small-molecule"
 FRAMEWORKS = ("mace", "nequip")
 BENCH_DIR = os.path.join(ROOT, "benchmarks")
 README = os.path.join(ROOT, "README.md")
+MODES = ("md", "train")
+REPORT = {"md": "bench_md", "train": "bench_md_train"}  # a mode's part, report and README marker name
 MARKERS = ("<!-- bench_md:start -->", "<!-- bench_md:end -->")
+
+
+def markers(mode: str = "md") -> tuple:
+    return tuple(m.replace("bench_md", REPORT[mode]) for m in MARKERS)
 
 
 class Unavailable(Exception):
@@ -182,49 +197,123 @@ def graph_names(sizes) -> list:
 
 # -------------------------------------------------------------------------------------------- timing
 
-def time_steps(potential, data: dict, device, min_seconds: float, max_reps: int, warmup: int = 2) -> dict:
-    """Median/mean wall time of one energy+forces call (synchronised), peak memory, and the last outputs."""
-    last = {}
+def loss_targets(atoms: int, dtype: torch.dtype, device) -> tuple:
+    """Fixed energy and force targets of the training step's loss (seeded; their values do not change the work)."""
+    forces = 0.1 * torch.randn(atoms, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return torch.tensor(-7.0 * atoms, dtype=dtype, device=device), forces.to(dtype=dtype, device=device)
 
-    def step():
-        last["out"] = potential.forward(dict(data), stress=False)
 
+def force_training_loss(energy: torch.Tensor, forces: torch.Tensor, targets: tuple) -> torch.Tensor:
+    """The training steps' loss (this script's and bench_mace_step's): squared energy error + mean squared force
+    error; its backward differentiates the forces, i.e. runs every convolution's double backward."""
+    e0, f0 = targets
+    return (energy.sum() - e0).square() + (forces - f0).square().mean()
+
+
+def train_forward(potential, data: dict) -> dict:
+    """The model's outputs as its trainer computes them: MACE with ``training=True``, NequIP in training mode
+    (its force output keeps the graph when ``model.training``)."""
+    if potential.framework == "mace":
+        return potential.model(dict(data), compute_stress=False, training=True)
+    return potential.model(dict(data))
+
+
+def make_step(potential, data: dict, mode: str = "md"):
+    """A no-argument callable running one step of ``mode`` on ``data``; ``step.outputs()`` gives the last step's
+    energy and forces (host numbers) and, in training, its loss and parameter gradients, for the error columns."""
+    model = potential.model
+    if mode == "md":
+        def step():
+            step.raw = potential.forward(dict(data), stress=False)
+
+        def outputs():
+            result = potential.results(step.raw, with_stress=False)
+            return {"_energy": result.energy, "_forces": result.forces}
+    elif mode == "train":
+        params = list(model.parameters())
+        out = potential.tensor_outputs  # energy (scalar) and forces of either framework's outputs
+        atoms = int(data_atoms(potential, data))
+        targets = loss_targets(atoms, potential.dtype, potential.device)
+        for p in params:
+            p.requires_grad_(True)
+        model.train(True)
+
+        def step():
+            for p in params:
+                p.grad = None
+            tensors = out(train_forward(potential, data), with_stress=False)
+            loss = force_training_loss(tensors["energy"], tensors["forces"], targets)
+            loss.backward()
+            step.raw = (tensors["energy"].detach(), tensors["forces"].detach(), loss.detach())
+
+        def outputs():
+            energy, forces, loss = step.raw
+            return {"_energy": float(energy), "_forces": forces.double().cpu().numpy(), "_loss": float(loss),
+                    "_grads": {n: p.grad.detach().double().cpu() for n, p in model.named_parameters()
+                               if p.grad is not None}}
+    else:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    step.outputs = outputs
+    return step
+
+
+def data_atoms(potential, data: dict) -> int:
+    """Atoms in a potential's input dict (both frameworks keep positions under ``positions`` / ``pos``)."""
+    for key in ("positions", "pos"):
+        if key in data:
+            return data[key].shape[0]
+    raise KeyError(f"no positions in the {potential.framework} inputs ({sorted(data)})")
+
+
+def time_steps(potential, data: dict, device, min_seconds: float, max_reps: int, warmup: int = 2,
+               mode: str = "md") -> dict:
+    """Median/mean wall time of one step of ``mode`` (synchronised), peak memory, and the last outputs."""
+    step = make_step(potential, data, mode)
     for _ in range(warmup):
         step()
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-    times = wall_times(step, device, min_reps=3, max_reps=max_reps, min_seconds=min_seconds)
-    result = potential.results(last["out"], with_stress=False)
+    times = wall_times(step, device, min_reps=min(3, max_reps), max_reps=max_reps, min_seconds=min_seconds)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     return {"ms_median": 1000 * statistics.median(times), "ms_mean": 1000 * statistics.fmean(times),
             "ms_min": 1000 * min(times), "reps": len(times), "steps_per_s": 1.0 / statistics.median(times),
             "peak_mib": peak / 2 ** 20, "step_mib": (peak - base) / 2 ** 20 if device.type == "cuda" else 0.0,
-            "_energy": result.energy, "_forces": result.forces}
+            **step.outputs()}
 
 
-def profile_step(potential, data: dict, device, rows: int = 20) -> str:
+def profile_step(potential, data: dict, device, rows: int = 20, mode: str = "md") -> str:
     from torch.profiler import ProfilerActivity, profile
 
+    step = make_step(potential, data, mode)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(3):
-            potential.forward(dict(data), stress=False)
+            step()
         _sync(device)
     key = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
 def errors_vs_reference(result: dict, reference: dict | None) -> dict:
-    """Force (relative, absolute) and energy errors of a timed case's last outputs against the reference's
-    (scripts/bench_edge_stream.py uses it too)."""
+    """Force (relative, absolute) and energy errors of a timed case's last outputs against the reference's, and
+    in training the loss's and the parameter gradients' (those with the reference's names; the largest relative
+    error of any parameter) (scripts/bench_edge_stream.py uses it too)."""
     if reference is None:
         return {}
     f, fr = result["_forces"], reference["_forces"]
-    return {"force_rel_err": float(np.abs(f - fr).max() / max(np.abs(fr).max(), 1e-30)),
-            "force_abs_err": float(np.abs(f - fr).max()),
-            "energy_rel_err": float(abs(result["_energy"] - reference["_energy"]) / max(abs(reference["_energy"]), 1e-30))}
+    errors = {"force_rel_err": float(np.abs(f - fr).max() / max(np.abs(fr).max(), 1e-30)),
+              "force_abs_err": float(np.abs(f - fr).max()),
+              "energy_rel_err": float(abs(result["_energy"] - reference["_energy"])
+                                      / max(abs(reference["_energy"]), 1e-30))}
+    if "_loss" in result and "_loss" in reference:
+        errors["loss_rel_err"] = abs(result["_loss"] - reference["_loss"]) / max(abs(reference["_loss"]), 1e-30)
+        mine, ref = result["_grads"], reference["_grads"]
+        if ref and mine.keys() == ref.keys():
+            errors["param_grad_rel_err"] = max(
+                float((mine[k] - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-30)) for k in ref)
+    return errors
 
 
 def run_framework(args) -> dict:
@@ -256,7 +345,7 @@ def run_framework(args) -> dict:
         models[dtype_name] = {"parameters": sum(p.numel() for p in base.parameters())}
         references = {}
         for impl in args.impls:
-            head = {"framework": args.framework, "impl": impl, "dtype": dtype_name}
+            head = {"framework": args.framework, "mode": args.mode, "impl": impl, "dtype": dtype_name}
             if time.perf_counter() - t_start > args.time_budget:
                 cases += [dict(head, graph=g, atoms=graphs[g][0], edges=graphs[g][1], status="skipped: time budget")
                           for g in graphs]
@@ -279,13 +368,13 @@ def run_framework(args) -> dict:
                     continue
                 try:
                     data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
-                    result = time_steps(potential, data, device, min_seconds, max_reps)
+                    result = time_steps(potential, data, device, min_seconds, max_reps, mode=args.mode)
                     case.update(status="ok", **errors_vs_reference(result, references.get(name)))
                     if impl == "e3nn":
                         references[name] = result
                     case.update({k: v for k, v in result.items() if not k.startswith("_")})
                     if args.profile and name == "carbon-5c" and dtype_name == "float32":
-                        profiles[impl] = profile_step(potential, data, device)
+                        profiles[impl] = profile_step(potential, data, device, mode=args.mode)
                 except torch.cuda.OutOfMemoryError:
                     case["status"] = "out of memory"
                 except Exception as err:
@@ -305,7 +394,7 @@ def run_framework(args) -> dict:
                 torch.cuda.empty_cache()
     from bench_peers import versions
 
-    return {"framework": args.framework, "model": MODEL_INFO[args.framework], "parameters": models,
+    return {"framework": args.framework, "mode": args.mode, "model": MODEL_INFO[args.framework], "parameters": models,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "versions": versions(), "quick": bool(args.quick), "seconds": round(time.perf_counter() - t_start, 1),
             "cases": cases, "profiles": profiles}
@@ -322,16 +411,23 @@ def _graph_order(cases) -> list:
     return sorted(graphs, key=lambda g: (g != MOLECULE, graphs[g]))
 
 
+STEP_WORDS = {"md": "one synchronised model call (forward + autograd forces)",
+              "train": "one synchronised force-training step (training mode, energy + forces with their graph, "
+                       "loss (E - E0)^2 + mean |F - F0|^2, backward to the parameters)"}
+
+
 def markdown(merged: dict) -> str:
     cases = merged["cases"]
-    title = "MD step benchmark (energy + forces per call)"
+    mode = merged.get("mode", "md")
+    title = {"md": "MD step benchmark (energy + forces per call)",
+             "train": "Force-training step benchmark (energy + forces loss, backward to the parameters)"}[mode]
     if merged.get("quick"):
         title += f": quick run ({', '.join(graph_names(QUICK_SIZES))}, few repetitions)"
     lines = [f"# {title}", "",
-             f"Device: {merged['device']}. Steps/s = 1 / median wall time of one synchronised model call "
-             "(forward + autograd forces) on a prebuilt graph; diamond carbon with a 6 A cutoff "
-             "(~158 neighbours per atom) and a 32-atom open cluster (5 A). Peak memory: "
-             "torch.cuda.max_memory_allocated during the timed calls (weights included).", ""]
+             f"Device: {merged['device']}. Steps/s = 1 / median wall time of {STEP_WORDS[mode]} on a prebuilt graph; "
+             "diamond carbon with a 6 A cutoff (~158 neighbours per atom) and a 32-atom open cluster (5 A). Peak "
+             "memory: torch.cuda.max_memory_allocated during the timed steps (weights included).", ""]
+    grads = mode == "train"  # the parameter gradients' error column
     for fw in FRAMEWORKS:
         fw_cases = [c for c in cases if c["framework"] == fw]
         if not fw_cases:
@@ -344,8 +440,9 @@ def markdown(merged: dict) -> str:
             by_impl = {impl: _ok(rows, impl=impl) for impl in IMPLS}
             lines += [f"### {dtype}", "",
                       "| graph | atoms | edges | " + " | ".join(f"{LABELS[i]} steps/s" for i in IMPLS)
-                      + " | mlip_accel vs e3nn | vs best peer | peak MiB (e3nn / mlip_accel) | max force err vs e3nn |",
-                      "|---|---:|---:|" + "---:|" * len(IMPLS) + "---:|---:|---|---:|"]
+                      + " | mlip_accel vs e3nn | vs best peer | peak MiB (e3nn / mlip_accel) | max force err vs e3nn |"
+                      + (" max param grad err vs e3nn |" if grads else ""),
+                      "|---|---:|---:|" + "---:|" * len(IMPLS) + "---:|---:|---|---:|" + ("---:|" if grads else "")]
             for g in _graph_order(rows):
                 meta = next(c for c in rows if c["graph"] == g)
                 cells = []
@@ -359,9 +456,11 @@ def markdown(merged: dict) -> str:
                 vs_peer = f"{ours['steps_per_s'] / max(peers):.2f}x" if ours and peers else "-"
                 mem = " / ".join(f"{c['peak_mib']:.0f}" if c else "-" for c in (e3, ours))
                 errs = [by_impl[i][g].get("force_rel_err") for i in IMPLS if g in by_impl[i]]
-                err = max((e for e in errs if e is not None), default=None)
-                lines.append(f"| {g} | {meta['atoms']} | {meta['edges']} | " + " | ".join(cells)
-                             + f" | {vs_e3nn} | {vs_peer} | {mem} | {'-' if err is None else f'{err:.1e}'} |")
+                row = (f"| {g} | {meta['atoms']} | {meta['edges']} | " + " | ".join(cells)
+                       + f" | {vs_e3nn} | {vs_peer} | {mem} | {_err(errs)} |")
+                if grads:
+                    row += f" {_err([by_impl[i][g].get('param_grad_rel_err') for i in IMPLS if g in by_impl[i]])} |"
+                lines.append(row)
             lines.append("")
     problems = sorted({(c["framework"], c["impl"], c["dtype"], c["status"]) for c in cases
                        if c.get("status") != "ok"})
@@ -372,6 +471,12 @@ def markdown(merged: dict) -> str:
     lines += ["## Versions", ""] + [f"- {fw}: " + ", ".join(f"{k} {v}" for k, v in merged["versions"][fw].items())
                                     for fw in merged["versions"]]
     return "\n".join(lines) + "\n"
+
+
+def _err(errors: list) -> str:
+    """The largest of the errors measured (None: not measured), or "-"."""
+    err = max((e for e in errors if e is not None), default=None)
+    return "-" if err is None else f"{err:.1e}"
 
 
 def _short(status: str) -> str:
@@ -417,10 +522,12 @@ def plot(merged: dict, path: str) -> None:
             if row == 1:
                 ax.set_xlabel("atoms (diamond carbon; open marker: 32-atom molecule)")
             if col == 0:
-                ax.set_ylabel("MD steps/s (energy + forces)")
+                ax.set_ylabel({"md": "MD steps/s (energy + forces)",
+                               "train": "training steps/s"}[merged.get("mode", "md")])
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"mlip_accel MD step benchmark on {merged['device']}")
+    fig.suptitle(f"mlip_accel {'training' if merged.get('mode') == 'train' else 'MD'} step benchmark on "
+                 f"{merged['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -429,8 +536,10 @@ def plot(merged: dict, path: str) -> None:
 def summary(merged: dict) -> str:
     """A few lines for the README: the issue's targets, measured."""
     cases = merged["cases"]
-    out = [f"On {merged['device']} (`benchmarks/bench_md.md` has every number, `benchmarks/bench_md.png` the plot; "
-           f"model call = forward + forces on a prebuilt graph):", ""]
+    name = REPORT[merged.get("mode", "md")]
+    step = {"md": "model call = forward + forces", "train": "step = one force-training step"}[merged.get("mode", "md")]
+    out = [f"On {merged['device']} (`benchmarks/{name}.md` has every number, `benchmarks/{name}.png` the plot; "
+           f"{step} on a prebuilt graph):", ""]
     for fw in FRAMEWORKS:
         for dtype in DTYPES:
             impls = {i: _ok(cases, framework=fw, dtype=dtype, impl=i) for i in IMPLS}
@@ -448,11 +557,11 @@ def summary(merged: dict) -> str:
     return "\n".join(out)
 
 
-def update_readme(text: str, path: str | None = None) -> bool:
+def update_readme(text: str, path: str | None = None, mode: str = "md") -> bool:
     path = path or README
     with open(path) as f:
         content = f.read()
-    start, end = MARKERS
+    start, end = markers(mode)
     if start not in content or end not in content:
         return False
     head, rest = content.split(start, 1)
@@ -463,37 +572,39 @@ def update_readme(text: str, path: str | None = None) -> bool:
 
 
 def merge(args) -> None:
+    name = REPORT[args.mode]
     parts = []
     for fw in FRAMEWORKS:
-        path = os.path.join(args.parts_dir, f"bench_md.{fw}.json")
+        path = os.path.join(args.parts_dir, f"{name}.{fw}.json")
         if os.path.exists(path):
             with open(path) as f:
                 parts.append(json.load(f))
     if not parts:
-        raise SystemExit(f"bench_md --merge: no bench_md.<framework>.json in {args.parts_dir}")
+        raise SystemExit(f"bench_md --merge: no {name}.<framework>.json in {args.parts_dir}")
     devices = sorted({p["device"] for p in parts})
-    merged = {"device": " + ".join(devices), "models": {p["framework"]: p["model"] for p in parts},
+    merged = {"device": " + ".join(devices), "mode": args.mode, "models": {p["framework"]: p["model"] for p in parts},
               "parameters": {p["framework"]: p["parameters"] for p in parts},
               "versions": {p["framework"]: p["versions"] for p in parts},
               "quick": any(p["quick"] for p in parts), "cases": [c for p in parts for c in p["cases"]],
               "profiles": {p["framework"]: p.get("profiles", {}) for p in parts}}
     os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "bench_md.json"), "w") as f:
+    with open(os.path.join(args.out_dir, f"{name}.json"), "w") as f:
         json.dump(merged, f, indent=1)
-    with open(os.path.join(args.out_dir, "bench_md.md"), "w") as f:
+    with open(os.path.join(args.out_dir, f"{name}.md"), "w") as f:
         f.write(markdown(merged))
     if any(merged["profiles"].values()):
-        with open(os.path.join(args.out_dir, "bench_md_profile.md"), "w") as f:
+        with open(os.path.join(args.out_dir, f"{name}_profile.md"), "w") as f:
             for fw, profs in merged["profiles"].items():
                 for impl, table in profs.items():
                     f.write(f"## {fw} {LABELS.get(impl, impl)}, carbon-1k float32, 3 steps\n\n```\n{table}\n```\n\n")
     try:
-        plot(merged, os.path.join(args.out_dir, "bench_md.png"))
+        plot(merged, os.path.join(args.out_dir, f"{name}.png"))
     except ImportError as err:
         print(f"bench_md --merge: no plot ({err})", file=sys.stderr)
     text = summary(merged)
     if args.readme and not merged["quick"]:
-        print("README updated" if update_readme(text) else "README has no bench_md markers", file=sys.stderr)
+        print("README updated" if update_readme(text, mode=args.mode) else f"README has no {name} markers",
+              file=sys.stderr)
     print(text)
 
 
@@ -501,6 +612,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--framework", choices=FRAMEWORKS)
     parser.add_argument("--merge", action="store_true", help="join the framework parts into the report")
+    parser.add_argument("--mode", choices=MODES, default="md",
+                        help="md: energy + forces per call; train: one force-training step (parts and report "
+                             "bench_md_train.*)")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} + molecule, few repetitions")
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="diamond cells per axis")
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
@@ -528,7 +642,7 @@ def main(argv=None):
     result = run_framework(args)
     out = args.out or os.environ.get("OUT") or BENCH_DIR
     if os.path.isdir(out) or out.endswith(os.sep):  # a folder: the part gets its standard name there
-        out = os.path.join(out, f"bench_md.{args.framework}.json")
+        out = os.path.join(out, f"{REPORT[args.mode]}.{args.framework}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

@@ -19,7 +19,7 @@ compared bitwise with the first setting's (outputs above 16 M elements: every n-
     python3 scripts/walk_ab.py [--what split|prefetch|loops|gz|gysum|tiles|contract|span|cap]
                                [--problems nequip-benzene,mace-large] [--dtypes float32,float64]
                                [--graph random|carbon-1k|carbon-8k] [--rounds 5]
-                               [--limit-kb 200] [--flush] [--forward-epw 40,80] [--backward-epw 64] [--out DIR]
+                               [--limit-kb 200[,130]] [--flush] [--forward-epw 40,80] [--backward-epw 64] [--out DIR]
 
 Writes walk_ab_<what>.json and walk_ab_<what>.md (medians over rounds of each round's median, ratio to the first
 setting).
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -48,9 +49,15 @@ DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 CALLS = ("fwd", "bwd", "dbl")
 
 
-def settings(what: str, limit: int) -> dict:
-    """label -> a function returning the context manager of that setting; the first is the baseline."""
+def settings(what: str, limit) -> dict:
+    """label -> a function returning the context manager of that setting; the first is the baseline. ``limit``: the
+    split limit in bytes, or several (``--what split`` then times each, labelled split<kB>)."""
+    limits = list(limit) if isinstance(limit, (list, tuple)) else [limit]
+    limit = limits[0]
     if what == "split":
+        if len(limits) > 1:  # e.g. today's limit against a finer one, both against one program
+            return {"one": lambda: tuning.split_walks(0),
+                    **{f"split{n / 1000:g}": functools.partial(tuning.split_walks, n) for n in limits}}
         return {"one": lambda: tuning.split_walks(0), "split": lambda: tuning.split_walks(limit)}
     if what == "occupancy":  # walks a few registers above a step of blocks per SM compiled again bounded
         # (runtime.occupancy) or not, also with every walk split at ``limit`` (the forward too)
@@ -209,8 +216,8 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=158000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--limit-kb", type=float, default=tuning.SPLIT_BYTES["backward"] / 1000,
-                        help="--what split: the split setting's limit")
+    parser.add_argument("--limit-kb", default=str(tuning.SPLIT_BYTES["backward"] / 1000),
+                        help="--what split: the split setting's limit (a comma list: each, labelled split<kB>)")
     parser.add_argument("--levels", default="", help="--what prefetch: only these settings (none, L2, L1, L2-dfw: the "
                         "double backward's walk by receiver only, L2-dbw: by sender only; default all)")
     parser.add_argument("--flush", action="store_true", help="flush L2 before each call (default: warm)")
@@ -221,8 +228,8 @@ def main() -> None:
                         help="also time the backward with these edges per warp (tiled: per block; comma list)")
     parser.add_argument("--out", default=".")
     args = parser.parse_args()
-    limit = int(args.limit_kb * 1000)
-    chosen = settings(args.what, limit)
+    limits = [int(float(kb) * 1000) for kb in args.limit_kb.split(",")]
+    chosen = settings(args.what, limits)
     if args.levels:
         chosen = {k: v for k, v in chosen.items() if k in args.levels.split(",")}
     labels = list(chosen)
@@ -261,7 +268,7 @@ def main() -> None:
             row = {"problem": name, "dtype": dt, "graph": args.graph, "what": args.what, "settings": labels,
                    "generated": generated, "bitwise_equal": same, "max_rel_diff": diff, "flush_l2": args.flush}
             if args.what == "split":
-                row["limit_kB"] = limit / 1000
+                row["limit_kB"] = [n / 1000 for n in limits] if len(limits) > 1 else limits[0] / 1000
             for k in fns:
                 base = statistics.median(times[(labels[0], k)])
                 for label in labels:

@@ -352,6 +352,11 @@ def test_walk_registers_reads_ptxas_and_walk_ab_settings_generate_what_they_say(
         ["off", "rule", "force", "off", "rule"]
     assert seen[("occupancy", "split-rule")]["backward"] == seen[("split", "split")]["backward"]
     assert seen[("split", "split")]["backward"] != seen[("split", "one")]["backward"]  # 1 byte: a part per phase
+    several = walk_ab.settings("split", (200_000, 1))  # --limit-kb 200,0.001: each limit its own setting
+    assert list(several) == ["one", "split200", "split0.001"]
+    for label, want in (("split200", ("split", "one")), ("split0.001", ("split", "split"))):
+        with several[label](), tuning.accumulator_budget(forward=4, backward=3):
+            assert walk_ab.describe(problem, "float32")["backward"] == seen[want]["backward"]
     assert "/L2" in seen[("prefetch", "L2")]["backward"] and "/L" not in seen[("prefetch", "none")]["backward"]
     assert seen[("prefetch", "L2-dfw")]["double_backward"] == seen[("prefetch", "none")]["double_backward"]
     assert "/loops" in seen[("loops", "looped")]["forward"] and "/loops" not in seen[("loops", "unrolled")]["backward"]

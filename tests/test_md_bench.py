@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 pytest.importorskip("ase")
@@ -123,3 +124,90 @@ def test_sweep_merge_writes_the_table(tmp_path):
     assert "- carbon-7c e3nn: out of memory" in table
     with pytest.raises(SystemExit, match="no parts"):
         bench_md_sweep.main(["--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)])
+
+
+def _train_errors(framework, model, graph_name, numbers=None):
+    """bench_md's training step of ``model`` as e3nn runs it and as mlip_accel's reference backend does, on a
+    bench structure: the errors bench_md reports, and the reference's outputs."""
+    from bench_graphs import build_graph
+
+    from mlip_accel.integrations.potentials import potential_from_model
+
+    cpu = torch.device("cpu")
+    pos, cell, pbc, default_numbers, neighbors = bench_md.structure(build_graph(graph_name))
+    numbers = default_numbers if numbers is None else numbers[:len(pos)]
+    results = {}
+    for impl in ("e3nn", "mlip_accel"):
+        potential = potential_from_model(bench_md.variant(framework, impl, model, cpu), device=cpu)
+        data = potential.inputs(pos, cell, pbc, potential.atom_types(numbers), neighbors)
+        results[impl] = bench_md.time_steps(potential, data, cpu, 0.0, 1, warmup=1, mode="train")
+        assert potential.model.training  # trained as a trainer runs it
+    return bench_md.errors_vs_reference(results["mlip_accel"], results["e3nn"]), results["e3nn"]
+
+
+@pytest.mark.nequip
+def test_training_step_of_a_nequip_model_matches_e3nn():
+    """--mode train: a NequIP model's force-training step (loss through the forces, backward to the parameters) on
+    the reference backend gives e3nn's loss, forces and every parameter's gradient; the columns are not vacuous."""
+    import nequip_fixtures as F
+
+    F.init_nequip()
+    import nequip.model
+
+    model = nequip.model.NequIPGNNModel(seed=0, model_dtype="float64", type_names=["C"], r_max=3.0, l_max=2,
+                                        num_layers=2, num_features=4, radial_mlp_width=8,
+                                        avg_num_neighbors=10.0).eval()
+    errors, reference = _train_errors("nequip", model, "carbon-2c")
+    assert errors["loss_rel_err"] <= 1e-10 and errors["force_rel_err"] <= 1e-10
+    assert errors["param_grad_rel_err"] <= 1e-10  # the accelerated model keeps the parameter names
+    grads = reference["_grads"]
+    assert len(grads) == len(list(model.parameters())) and all(g.abs().max() > 0 for g in grads.values())
+    assert reference["_loss"] > 0 and np.abs(reference["_forces"]).max() > 1e-6
+
+
+@pytest.mark.mace
+def test_training_step_of_a_mace_model_matches_e3nn():
+    """The same through MACE's ``training=True`` call (bench_mace_step's tiny MACE, three elements)."""
+    pytest.importorskip("mace")
+    import bench_mace_step
+
+    model = bench_mace_step.build_tiny_mace(torch.float64)
+    errors, reference = _train_errors("mace", model, "carbon-2c", numbers=np.array([6, 1, 8, 6] * 16))
+    assert errors["loss_rel_err"] <= 1e-10 and errors["force_rel_err"] <= 1e-10
+    assert errors["param_grad_rel_err"] <= 1e-10
+    assert sum(g.abs().max() > 0 for g in reference["_grads"].values()) >= len(reference["_grads"]) - 1
+
+
+def test_merge_of_training_parts_writes_its_own_report(tmp_path, monkeypatch):
+    """--merge --mode train reads bench_md_train.<framework>.json, writes bench_md_train.{json,md} with the
+    parameter-gradient column, and fills the README's bench_md_train markers, leaving the MD ones alone."""
+    pytest.importorskip("matplotlib")
+    parts, out = tmp_path / "parts", tmp_path / "out"
+    parts.mkdir()
+    for fw in bench_md.FRAMEWORKS:
+        part = _part(fw)
+        for case in part["cases"]:
+            case["mode"] = "train"
+            if case["impl"] == "mlip_accel":
+                case["param_grad_rel_err"] = 3e-7
+        (parts / f"bench_md_train.{fw}.json").write_text(json.dumps(dict(part, mode="train")))
+    (parts / "bench_md.mace.json").write_text("not read")  # an MD part beside them
+    md_start, md_end = bench_md.markers("md")
+    start, end = bench_md.markers("train")
+    assert (start, end) == ("<!-- bench_md_train:start -->", "<!-- bench_md_train:end -->")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{md_start}\nmd numbers\n{md_end}\n{start}\nold\n{end}\n")
+    monkeypatch.setattr(bench_md, "README", str(readme))
+    bench_md.main(["--merge", "--mode", "train", "--parts-dir", str(parts), "--out-dir", str(out)])
+
+    assert json.loads((out / "bench_md_train.json").read_text())["mode"] == "train"
+    table = (out / "bench_md_train.md").read_text()
+    assert table.startswith("# Force-training step benchmark")
+    assert "| carbon-5c | 1000 | 158000 | 3.2 | 16.0 | OOM | 32.0 | 10.00x | 2.00x | 1562 / 1562 | 1.0e-06 | 3.0e-07 |" \
+        in table
+    assert not (out / "bench_md.md").exists() and (out / "bench_md_train.png").exists()
+    text = readme.read_text()
+    assert "md numbers" in text and "old" not in text
+    assert "`benchmarks/bench_md_train.md`" in text and "step = one force-training step" in text
+    with pytest.raises(SystemExit, match="no bench_md_train"):
+        bench_md.main(["--merge", "--mode", "train", "--parts-dir", str(tmp_path), "--out-dir", str(tmp_path)])
