@@ -14,7 +14,7 @@
 #                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
 #   summary.txt           PASSED/FAILED per stage
 # PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the A/B stage,
-# AB_ARGS adds walk_ab.py arguments, TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
+# AB_ARGS adds walk_ab.py arguments (AB_TIMEOUT its limit, default 200 s), TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
 # SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
 #
 #   OUT=/path bash scripts/gpu_check_split.sh
@@ -49,7 +49,7 @@ for line in sys.stdin:
 done
 
 [[ -n ${SKIP_AB:-} ]] || {
-  timeout 200 bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/walk_ab.py --what split \
+  timeout ${AB_TIMEOUT:-200} bash -c "MLIP_ACCEL_CACHE_DIR=/tmp/mlip_accel_cache_split_ab py_nequip scripts/walk_ab.py --what split \
     --problems ${TIMING_PROBLEMS:-nequip-benzene,mace-large} ${AB_ARGS:-} --out $OUT" >"$OUT/walk_ab_split.log" 2>&1
   stage walk_ab_split $?
   grep "^|" "$OUT/walk_ab_split.log"
