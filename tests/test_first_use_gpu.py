@@ -50,7 +50,8 @@ def test_stand_ins_then_modules_bitwise_equal(cold, dtype):
         modules = [module_for(problem, name, d, "det") for d in DIRECTIONS]
         first = run()
         running = [first_use.module(gm, device) for gm in modules]
-        assert running[0] is not modules[0] and running[0].split  # the forward's stand-in ran
+        # every direction's stand-in ran (at these budgets the double backward's walks are above the limit too)
+        assert all(r is not gm and r.split for r, gm in zip(running, modules))
         assert first_use.pending()
         cold.set()
         assert first_use.settle(120)

@@ -3,9 +3,10 @@
 A generated module whose largest program holds more than ``tuning.STAND_IN_ABOVE`` bytes of source (nequip-benzene's
 forward: one program of 279 kB, 2.0-2.6 s of NVRTC before its first call on an H200 host) is, at its first call on a
 device whose executor has not compiled it (no disk-cache entry either), replaced by a *stand-in*: the same
-``KernelSpec`` split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code, compiled concurrently
-(each program is one NVRTC job on one core: only where a thread per part is free) and without register steps
-(runtime.occupancy's second compile). The module's own programs compile in one background thread at lowered
+``KernelSpec`` split into programs of at most ``tuning.STAND_IN_SPLIT[direction]`` bytes of phase code, compiled
+concurrently (each program is one NVRTC job on one core: only where a thread per part is free) and without register
+steps (runtime.occupancy's second compile). The double backward's two walks are prepared together, so their
+stand-ins' parts are larger (130 kB: 14 jobs for nequip-benzene's, within 16 cores). The module's own programs compile in one background thread at lowered
 priority, once no compile a caller waits for is running (runtime.compiler.wait_until_idle); the first call after they
 are ready runs the module itself. Phases are independent (codegen.tensor_product.generate: disjoint accumulated
 columns, grad y summed in block order), so a stand-in's results are bitwise the module's: nothing a caller sees
@@ -64,14 +65,15 @@ def _may_stand_in(gm: GeneratedModule) -> bool:
 
 
 def stand_in_for(gm: GeneratedModule, threads: int | None = None) -> GeneratedModule | None:
-    """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code,
-    no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is tiled, its largest
+    """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code
+    for its direction, no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is tiled, its largest
     program is within ``tuning.STAND_IN_ABOVE``, splitting shrinks it by less than a quarter (one large phase: the
     stand-in would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads
     (the parts would queue, and their sum is more work than the module's)."""
     if not _may_stand_in(gm):
         return None
-    stand_in = generate(dataclasses.replace(gm.spec, split_bytes=tuning.STAND_IN_SPLIT, register_step=False))
+    split = tuning.STAND_IN_SPLIT[gm.spec.direction]
+    stand_in = generate(dataclasses.replace(gm.spec, split_bytes=split, register_step=False))
     if _largest(stand_in) >= 0.75 * _largest(gm) or (threads is not None and len(stand_in.programs) > threads):
         return None
     return stand_in

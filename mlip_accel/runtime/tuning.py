@@ -524,18 +524,21 @@ def register_step(mode: str):
     return _pushed(_REGISTER_STEP_OVERRIDE, mode)
 
 
-# First use of a slowly compiling walk (runtime.first_use): a forward or backward walk whose largest program holds more
-# than STAND_IN_ABOVE bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of
-# at most STAND_IN_SPLIT bytes of phase code (the same bits) while its own programs compile in the background. Measured
-# (H200 hosts, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.1-3.9 -> 1.0-1.3 s (fp32) and
-# 2.7-3.2 -> 0.7-1.0 s (fp64), its backward 1.75-2.0 -> 1.0-1.2 s and 2.0-2.1 -> 1.1-1.3 s. Not the double backward's
-# two walks: compiled together, their stand-ins were 17 NVRTC jobs on 16 cores and took longer than the modules (fp32
-# 2.47 against 1.76 s).
+# First use of a slowly compiling walk (runtime.first_use): a walk whose largest program holds more than STAND_IN_ABOVE
+# bytes of source, not compiled for the device yet, runs first as a stand-in split into programs of at most
+# STAND_IN_SPLIT[direction] bytes of phase code (the same bits) while its own programs compile in the background.
+# Measured (H200 hosts, 16 threads, benchmarks/first_use_22nd.md): nequip-benzene's forward 3.1-3.9 -> 1.0-1.3 s
+# (fp32) and 2.7-3.2 -> 0.7-1.0 s (fp64), its backward 1.75-2.0 -> 1.0-1.2 s and 2.0-2.1 -> 1.1-1.3 s.
+# The double backward's two walks compile together: at 100 kB their stand-ins were 17 NVRTC jobs on 16 cores and took
+# longer than the modules (fp32 2.47 against 1.76 s); at 130 kB they are 14 (nequip-benzene), and the walks split
+# there compiled in 1.31-1.38 s against 1.81-1.96 s at 200 kB (nequip-toluene 1.59-1.75 -> 0.99-1.10, mace-large fp32
+# 2.30 -> 1.37; benchmarks/train_split_26th.md), but ran 1.02-1.13x as long (fp32 nequip-toluene and nequip-oam-l's
+# double backward one program -> two: +12-13 %): a stand-in there, the modules at 200 kB for the calls after it.
 # mace-medium's walks (<= 88 kB) never take one. $MLIP_ACCEL_STAND_IN=0 turns it off (every walk compiled before its
 # first call).
-STAND_IN_DIRECTIONS = ("forward", "backward")
+STAND_IN_DIRECTIONS = ("forward", "backward", "double_forward", "double_backward")
 STAND_IN_ABOVE = 150_000
-STAND_IN_SPLIT = 100_000
+STAND_IN_SPLIT = {"forward": 100_000, "backward": 100_000, "double_forward": 130_000, "double_backward": 130_000}
 _STAND_IN_OVERRIDE: list[bool] = []
 
 
