@@ -193,16 +193,15 @@ def test_bench_rule_gives_stand_ins_to_the_slow_walks():
                 if stand_in is not None:  # every part well within the module's largest program
                     taken.add((name, dtype, direction))
                     largest = max(len(p.source) for p in stand_in.programs)
-                    assert largest < 0.75 * max(len(p.source) for p in gm.programs)
+                    assert largest <= tuning.STAND_IN_SHRINK * max(len(p.source) for p in gm.programs)
                     parts[(name, dtype, direction)] = len(stand_in.programs)
     both = ("float32", "float64")
-    # (nequip-benzene's fp32 double_forward: 162 -> 122 kB, less than a quarter smaller: its own three programs)
     assert taken == ({("nequip-benzene", d, k) for d in both for k in DIRECTIONS}
-                     - {("nequip-benzene", "float32", "double_forward")}
                      | {(name, d, "double_backward") for name in ("nequip-toluene", "nequip-oam-l") for d in both}
                      | {("mace-large", "float32", "double_forward")})
-    assert parts[("nequip-benzene", "float64", "double_forward")] + parts[("nequip-benzene", "float64",
-                                                                            "double_backward")] <= 16
+    for dtype in both:  # nequip-benzene's fp32 double_forward: 162 -> 122 kB (0.753), kept its modules at 0.75
+        assert parts[("nequip-benzene", dtype, "double_forward")] + parts[("nequip-benzene", dtype,
+                                                                           "double_backward")] <= 16
 
 
 def test_compiler_knows_what_it_has_cached(tmp_path, monkeypatch):

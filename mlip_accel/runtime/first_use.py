@@ -67,14 +67,15 @@ def _may_stand_in(gm: GeneratedModule) -> bool:
 def stand_in_for(gm: GeneratedModule, threads: int | None = None) -> GeneratedModule | None:
     """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code
     for its direction, no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is tiled, its largest
-    program is within ``tuning.STAND_IN_ABOVE``, splitting shrinks it by less than a quarter (one large phase: the
-    stand-in would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads
+    program is within ``tuning.STAND_IN_ABOVE``, splitting leaves its largest program above ``tuning.STAND_IN_SHRINK``
+    of the module's (one large phase: the stand-in would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads
     (the parts would queue, and their sum is more work than the module's)."""
     if not _may_stand_in(gm):
         return None
     split = tuning.STAND_IN_SPLIT[gm.spec.direction]
     stand_in = generate(dataclasses.replace(gm.spec, split_bytes=split, register_step=False))
-    if _largest(stand_in) >= 0.75 * _largest(gm) or (threads is not None and len(stand_in.programs) > threads):
+    too_large = _largest(stand_in) > tuning.STAND_IN_SHRINK * _largest(gm)
+    if too_large or (threads is not None and len(stand_in.programs) > threads):
         return None
     return stand_in
 
