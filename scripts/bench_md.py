@@ -309,6 +309,14 @@ def profile_step(potential, data: dict, device, rows: int = 20, mode: str = "md"
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+def host_profile(potential, data: dict, mode: str, path: str) -> None:
+    """Where one more step's host time goes (Python functions and torch ops by self time, every thread:
+    bench_mace_step.host_profile), to ``path``: the molecule's step is the host's."""
+    from bench_mace_step import host_profile as profile
+
+    profile(make_step(potential, data, mode), path)
+
+
 def errors_vs_reference(result: dict, reference: dict | None) -> dict:
     """Force (relative, absolute) and energy errors of a timed case's last outputs against the reference's, and
     in training the loss's and the parameter gradients' (those with the reference's names; the largest relative
@@ -388,6 +396,9 @@ def run_framework(args) -> dict:
                     case.update({k: v for k, v in result.items() if not k.startswith("_")})
                     if args.profile and name == "carbon-5c" and dtype_name == "float32":
                         profiles[impl] = profile_step(potential, data, device, mode=args.mode)
+                    if args.host_profile and name == MOLECULE and device.type == "cuda":
+                        host_profile(potential, data, args.mode, os.path.join(
+                            out_dir(args), f"host_{args.framework}_{impl}_{dtype_name}_{args.mode}.txt"))
                 except torch.cuda.OutOfMemoryError:
                     case["status"] = "out of memory"
                 except Exception as err:
@@ -621,6 +632,22 @@ def merge(args) -> None:
     print(text)
 
 
+def part_path(args) -> str:
+    """Where ``--framework`` writes its part: ``--out`` (a file, or a folder: the standard name there), else $OUT/
+    or benchmarks/."""
+    out = args.out or os.environ.get("OUT") or BENCH_DIR
+    if os.path.isdir(out) or out.endswith(os.sep):
+        out = os.path.join(out, f"{REPORT[args.mode]}.{args.framework}.json")
+    return out
+
+
+def out_dir(args) -> str:
+    """The folder of the part (other files of the run go beside it)."""
+    folder = os.path.dirname(os.path.abspath(part_path(args)))
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--framework", choices=FRAMEWORKS)
@@ -635,6 +662,9 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=1.0, help="time each case at least this long")
     parser.add_argument("--time-budget", type=float, default=480.0, help="seconds; later cases are skipped")
     parser.add_argument("--profile", action="store_true", help="profile one carbon-1k fp32 step per implementation")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="write where the molecule's step spends its host time (host_<framework>_<impl>_"
+                             "<dtype>_<mode>.txt beside the part)")
     parser.add_argument("--radial-table", choices=sorted(RADIAL_TABLE), default="auto",
                         help="mlip_accel's radial_table option (off: the radial MLPs run as networks; unfused: "
                              "the table looked up before the convolution, W stored)")
@@ -653,9 +683,7 @@ def main(argv=None):
     # least important cases
     args.impls = sorted(args.impls, key=("e3nn", "mlip_accel", "cueq", "oeq").index)
     result = run_framework(args)
-    out = args.out or os.environ.get("OUT") or BENCH_DIR
-    if os.path.isdir(out) or out.endswith(os.sep):  # a folder: the part gets its standard name there
-        out = os.path.join(out, f"{REPORT[args.mode]}.{args.framework}.json")
+    out = part_path(args)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
