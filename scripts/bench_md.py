@@ -232,7 +232,6 @@ def make_step(potential, data: dict, mode: str = "md"):
             return {"_energy": result.energy, "_forces": result.forces}
     elif mode == "train":
         params = list(model.parameters())
-        out = potential.tensor_outputs  # energy (scalar) and forces of either framework's outputs
         atoms = int(data_atoms(potential, data))
         targets = loss_targets(atoms, potential.dtype, potential.device)
         for p in params:
@@ -242,7 +241,7 @@ def make_step(potential, data: dict, mode: str = "md"):
         def step():
             for p in params:
                 p.grad = None
-            tensors = out(train_forward(potential, data), with_stress=False)
+            tensors = potential.tensor_outputs(train_forward(potential, data), with_stress=False)  # E and F
             loss = force_training_loss(tensors["energy"], tensors["forces"], targets)
             loss.backward()
             step.raw = (tensors["energy"].detach(), tensors["forces"].detach(), loss.detach())
@@ -285,7 +284,6 @@ def time_steps(potential, data: dict, device, min_seconds: float, max_reps: int,
         if first_use.pending():
             first_use.settle()
             step()  # the modules' first run
-    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     times = wall_times(step, device, min_reps=min(3, max_reps), max_reps=max_reps, min_seconds=min_seconds)
@@ -418,7 +416,8 @@ def run_framework(args) -> dict:
                 torch.cuda.empty_cache()
     from bench_peers import versions
 
-    return {"framework": args.framework, "mode": args.mode, "model": MODEL_INFO[args.framework], "parameters": models,
+    return {"framework": args.framework, "mode": args.mode, "model": MODEL_INFO[args.framework],
+            "parameters": models,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "versions": versions(), "quick": bool(args.quick), "seconds": round(time.perf_counter() - t_start, 1),
             "cases": cases, "profiles": profiles}

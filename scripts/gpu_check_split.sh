@@ -14,8 +14,8 @@
 #                         walk split one phase per program (MLIP_ACCEL_SPLIT_KB=0.001)
 #   summary.txt           PASSED/FAILED per stage
 # PROBLEMS (default: all five bench problems) narrows the compile stage, TIMING_PROBLEMS the A/B stage,
-# AB_ARGS adds walk_ab.py arguments (AB_TIMEOUT its limit, default 200 s), TESTS replaces the pytest arguments; SKIP_COMPILE / SKIP_AB / SKIP_TESTS /
-# SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
+# AB_ARGS adds walk_ab.py arguments (AB_TIMEOUT its limit, default 200 s), TESTS replaces the pytest arguments;
+# SKIP_COMPILE / SKIP_AB / SKIP_TESTS / SKIP_SANITIZER drop those stages, TESTS_TIMEOUT (default 200 s).
 #
 #   OUT=/path bash scripts/gpu_check_split.sh
 set -uo pipefail

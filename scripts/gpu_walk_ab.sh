@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 15's in-process A/Bs on the device machine, one loop for every check that runs them: the GPU test files TESTS
 # (NequIP environment, if given), then for each WHAT of WHATS and each graph of GRAPHS one run of SCRIPT (default
-# scripts/walk_ab.py --what WHAT; ab_atomic_order.py takes --graphs and no --what) on the problems of that graph, DTYPES,
-# ROUNDS rounds, LEVELS (walk_ab's --levels) and AB_ARGS, within AB_TIMEOUT seconds each. The problems: PROBLEMS_8K
-# at carbon-8k, PROBLEMS_1K at the other graphs (both default PROBLEMS, default mace-medium). From the repository root
-# with .whl/common and .whl/nequip carried. Results under $OUT: <what>_<graph>/<script's json and md>, <what>_<graph>.log,
-# tests.log, summary.txt.
+# scripts/walk_ab.py --what WHAT; ab_atomic_order.py takes --graphs and no --what) on the problems of that graph,
+# DTYPES, ROUNDS rounds, LEVELS (walk_ab's --levels) and AB_ARGS, within AB_TIMEOUT seconds each. The problems:
+# PROBLEMS_8K at carbon-8k, PROBLEMS_1K at the other graphs (both default PROBLEMS, default mace-medium). From the
+# repository root with .whl/common and .whl/nequip carried. Results under $OUT: <what>_<graph>/<script's json and md>,
+# <what>_<graph>.log, tests.log, summary.txt.
 #
 #   WHATS="cap" GRAPHS="carbon-8k carbon-1k" PROBLEMS_8K=mace-medium,nequip-benzene bash scripts/gpu_walk_ab.sh
 set -uo pipefail

@@ -6,9 +6,9 @@ device whose executor has not compiled it (no disk-cache entry either), replaced
 ``KernelSpec`` split into programs of at most ``tuning.STAND_IN_SPLIT[direction]`` bytes of phase code, compiled
 concurrently (each program is one NVRTC job on one core: only where a thread per part is free) and without register
 steps (runtime.occupancy's second compile). The double backward's two walks are prepared together, so their
-stand-ins' parts are larger (130 kB: 14 jobs for nequip-benzene's, within 16 cores). The module's own programs compile in one background thread at lowered
-priority, once no compile a caller waits for is running (runtime.compiler.wait_until_idle); the first call after they
-are ready runs the module itself. Phases are independent (codegen.tensor_product.generate: disjoint accumulated
+stand-ins' parts are larger (130 kB: 14 jobs for nequip-benzene's, within 16 cores). The module's own programs
+compile in one background thread at lowered priority, once no compile a caller waits for is running
+(runtime.compiler.wait_until_idle); the first call after they are ready runs the module itself. Phases are independent (codegen.tensor_product.generate: disjoint accumulated
 columns, grad y summed in block order), so a stand-in's results are bitwise the module's: nothing a caller sees
 changes when it takes over, only the run time (a split forward ran 1.02-1.07x the whole one's).
 
@@ -66,10 +66,11 @@ def _may_stand_in(gm: GeneratedModule) -> bool:
 
 def stand_in_for(gm: GeneratedModule, threads: int | None = None) -> GeneratedModule | None:
     """The stand-in of ``gm`` (its spec split into programs of at most ``tuning.STAND_IN_SPLIT`` bytes of phase code
-    for its direction, no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is tiled, its largest
-    program is within ``tuning.STAND_IN_ABOVE``, splitting leaves its largest program above ``tuning.STAND_IN_SHRINK``
-    of the module's (one large phase: the stand-in would compile as slowly) or, given the compile ``threads``, the stand-in has more programs than threads
-    (the parts would queue, and their sum is more work than the module's)."""
+    for its direction, no register steps), or None where ``gm`` is not a walk of ``tuning.STAND_IN_DIRECTIONS`` or is
+    tiled, its largest program is within ``tuning.STAND_IN_ABOVE``, splitting leaves its largest program above
+    ``tuning.STAND_IN_SHRINK`` of the module's (one large phase: the stand-in would compile as slowly) or, given the
+    compile ``threads``, the stand-in has more programs than threads (the parts would queue, and their sum is more
+    work than the module's)."""
     if not _may_stand_in(gm):
         return None
     split = tuning.STAND_IN_SPLIT[gm.spec.direction]

@@ -542,7 +542,7 @@ STAND_IN_SPLIT = {"forward": 100_000, "backward": 100_000, "double_forward": 130
 # A stand-in's largest program at most this fraction of the module's, else the module compiles in the foreground. Also
 # what spares the register step's second compile (stand-ins compile once): nequip-benzene's fp32 double_forward, three
 # programs of <= 162 kB split to <= 122 kB (0.753), kept its modules at 0.75 and its first double backward took 2.44 s
-# beside the double_backward's stand-in, against 1.81 s with no stand-in (train_split_26th.md, call B).
+# beside the double_backward's stand-in, against 1.81 s with no stand-in (train_split_26th.md, call 2).
 STAND_IN_SHRINK = 0.8
 _STAND_IN_OVERRIDE: list[bool] = []
 
