@@ -70,11 +70,15 @@ def main(impl: str, dtype: torch.dtype) -> None:
         m.register_forward_pre_hook(lambda mod, inp: modules.append(type(mod).__name__))
         m.register_forward_hook(lambda mod, inp, out: modules.pop() and None)
     # the forces' autograd.grad runs inside the model's forward; the loss's backward after it
-    torch.autograd.grad = in_phase(phases, "forces", torch.autograd.grad)
-    torch.Tensor.backward = in_phase(phases, "loss backward", torch.Tensor.backward)
-    step()  # first use
-    with StepOps(modules, phases) as ops:
-        step()
+    grad, backward = torch.autograd.grad, torch.Tensor.backward
+    torch.autograd.grad = in_phase(phases, "forces", grad)
+    torch.Tensor.backward = in_phase(phases, "loss backward", backward)
+    try:
+        step()  # first use
+        with StepOps(modules, phases) as ops:
+            step()
+    finally:
+        torch.autograd.grad, torch.Tensor.backward = grad, backward
     print(f"{impl} {dtype}: {sum(ops.by_phase.values())} operations, by phase {dict(ops.by_phase)}")
     for module, n in ops.by_module.most_common(25):
         print(f"{n:6d}  forward in {module}")
