@@ -52,7 +52,7 @@ def main() -> None:
         return contextlib.nullcontext()
 
     for mode in args.modes:
-        step = B.make_step(potential.model, data, mode, B._loss_targets(data, torch.float32, graph.num_nodes))
+        step = B.make_step(potential, data, mode)
         times = {"new": [], "old": []}
         for _ in range(3):
             for name in ("new", "old"):

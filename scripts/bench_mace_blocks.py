@@ -106,7 +106,7 @@ def run(args) -> dict:
             slow = impl == "e3nn" and not args.tiny
             reps = 1 if (slow or args.tiny) else args.reps
             try:
-                step = bench_mace_step.make_step(potential.model, data, "md", None)
+                step = bench_mace_step.make_step(potential, data, "md")
                 step()
                 synchronize(device)
                 t = wall_times(step, device, min_reps=reps, max_reps=reps)

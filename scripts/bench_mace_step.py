@@ -73,9 +73,21 @@ def build_tiny_mace(dtype: torch.dtype):
             atomic_inter_scale=1.0, atomic_inter_shift=0.0).eval()
 
 
-def make_step(model, data: dict, mode: str, targets):
-    """A no-argument callable running one step of ``mode``; it keeps its last outputs in ``step.last``."""
-    params = [p for p in model.parameters()]
+def make_step(potential, data: dict, mode: str):
+    """A no-argument callable running one step of ``mode`` of ``potential``'s MACE model; it keeps its last outputs
+    in ``step.last``. ``train`` is bench_md's training step (its loss, targets and MACE's ``training=True`` call), in
+    training mode, as MACE trains (its models are built in training mode and its loop never leaves it; in eval mode
+    with trainable parameters the fp32 radial networks would read their tables in the first step and the backward
+    recompute them exactly for the parameter gradients: ops.radial_table.TableInTrainingWarning)."""
+    if mode == "train":
+        step = bench_md.make_step(potential, data, "train")
+
+        def train():
+            step()
+            energy, forces, loss = step.raw
+            train.last = {"energy": energy, "forces": forces, "loss": loss}
+        return train
+    model = potential.model
 
     def md():
         out = model(dict(data), compute_stress=False, training=False)
@@ -86,21 +98,10 @@ def make_step(model, data: dict, mode: str, targets):
         stress.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach(),
                        "stress": out["stress"].detach()}
 
-    def train():
-        for p in params:
-            p.grad = None
-        out = model(dict(data), compute_stress=False, training=True)
-        loss = bench_md.force_training_loss(out["energy"], out["forces"], targets)
-        loss.backward()
-        train.last = {"energy": out["energy"].detach(), "forces": out["forces"].detach(), "loss": loss.detach()}
-
-    for p in params:
-        p.requires_grad_(mode == "train")  # MD: frozen, as MACE's calculator freezes them
-    # training mode, as MACE trains (its models are built in training mode and its loop never leaves it); in eval
-    # mode with trainable parameters the fp32 radial networks read their tables in the first step and the backward
-    # recomputes them exactly for the parameter gradients (ops.radial_table.TableInTrainingWarning)
-    model.train(mode == "train")
-    return {"md": md, "stress": stress, "train": train}[mode]
+    for p in model.parameters():
+        p.requires_grad_(False)  # frozen, as MACE's calculator freezes them
+    model.train(False)
+    return {"md": md, "stress": stress}[mode]
 
 
 def time_case(step, device: torch.device, min_seconds: float, max_reps: int, warmup: int) -> dict:
@@ -255,8 +256,7 @@ def run(args) -> dict:
                         continue
                     slow = impl == "e3nn" and not args.tiny  # e3nn at 8000 atoms: ~0.5 s (md) to seconds (train)
                     try:
-                        step = make_step(potential.model, data, mode,
-                                         bench_md.loss_targets(atoms, dtype, data["positions"].device))
+                        step = make_step(potential, data, mode)
                         result = time_case(step, device, 0.0 if slow else min_seconds, 1 if slow else max_reps,
                                            1 if slow or args.tiny else 2)
                         case.update(status="ok", **result)
